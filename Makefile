@@ -1,0 +1,43 @@
+# dpmarket: `make demo` and `make test` work on a machine with only Python 3.11 installed.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint typecheck unit bench-quick clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "dpmarket needs Python >= 3.11 (found $(PYTHON))"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dpmarket demo --config configs/demo.toml
+
+test: $(STAMP) lint typecheck unit
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# mypy --strict over the three packages as installed names (dpmarket.protocol, ...): a tree of
+# symlinks gives mypy the namespace the editable install maps at run time.
+typecheck: $(STAMP)
+	rm -rf .typecheck && mkdir -p .typecheck/dpmarket
+	ln -s ../../protocol .typecheck/dpmarket/protocol
+	ln -s ../../streams .typecheck/dpmarket/streams
+	ln -s ../../actors .typecheck/dpmarket/actors
+	cd .typecheck && ../$(BIN)/mypy --strict --config-file ../pyproject.toml \
+	  -p dpmarket.protocol -p dpmarket.streams -p dpmarket.actors
+
+bench-quick: $(STAMP)
+	$(BIN)/python benchmarks/utility_digits.py --quick
+
+clean:
+	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The runtime: transports, actors, the market run, configuration, command line and reports."""

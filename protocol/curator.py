@@ -1,0 +1,446 @@
+"""The curator of private summarisation (Algorithm 3): releases, auction, verification, ledger.
+
+See :mod:`dpmarket.protocol.summarize` for the theory of operation and both transition tables.
+
+Privacy (what the ledger charges, per protected party; delta and neighbouring as stated):
+- ``validation``: one h2 release of mean h1 over D_v, ``validation_iterations`` MWEM steps at
+  ``eps_validation``; each step = exponential mechanism on a sensitivity-1 score sampled with
+  probability proportional to exp(eps psi) (charged 2 eps, pure) + Laplace(1/eps) (eps, pure).
+  Neighbouring: add/remove one validation point; m = |D_v| is public.
+- ``owner-k`` (owner k's data as seen by any single other owner): every h2 release of the summary
+  sum (``summary_iterations`` steps at ``eps_summary`` each, charged as above; the first epoch's
+  release covers only the public seed set and costs nothing), and one auction step per epoch in
+  which owners bid (``AuctionEvent`` of the chosen variant). Neighbouring as in the paper's
+  Theorem 6: the summary differs in one point (add/remove), so quantised coordinate sums have
+  sensitivity 1; q is public. ``neighbouring="replace"`` charges sensitivity 2 instead (two
+  fixed-size summaries that differ by one substituted point), for both parties. An epoch that
+  adds nothing re-sends the previous release unchanged (no charge).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from dpmarket.protocol.accounting import PrivacyLedger
+from dpmarket.protocol.auction import AuctionBid, TransferCounter, choose_winner, run_auction
+from dpmarket.protocol.errors import LocalProtocolError, RemoteProtocolError
+from dpmarket.protocol.hashing import MwemHash, RandomFourierFeatures
+from dpmarket.protocol.messages import (
+    AskBody,
+    BidBody,
+    DeliverBody,
+    EpochBody,
+    FinishBody,
+    Message,
+    SetupBody,
+    ValidationBody,
+)
+from dpmarket.protocol.objective import hashed_bids
+from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
+
+__all__ = ["Curator", "CuratorParams", "Provenance", "SummaryResult"]
+
+F64 = npt.NDArray[np.float64]
+CURATOR = "curator"
+
+
+@dataclass(frozen=True)
+class CuratorParams:
+    """Public parameters of one summarisation run (defaults: the paper's Table 1 where it has one).
+
+    ``eta`` defaults to 1/d (Theorem 2 asks eta <= 1/d; Table 1 does not give it).
+    """
+
+    p: int
+    d: int = 140
+    gamma: float = 0.1
+    h1_seed: int = 0
+    eps_validation: float = 0.01
+    validation_iterations: int = 1656
+    seed_iterations: int = 1656
+    eps_seed: float = 0.05
+    eps_summary: float = 0.01 / np.sqrt(5 * 100)
+    summary_iterations: int = 5
+    eta: float | None = None
+    warm_start: bool = True
+    eps_auction: float = 0.05
+    auction_variant: str = "paper"
+    tau: int = 3
+    phase_timeout: float = 5.0
+    max_epochs: int | None = None
+    less_trusted: bool = False
+    verify_tolerance: float = 1e-4
+    neighbouring: str = "add_remove"
+    max_deliveries: int = 3
+
+    def __post_init__(self) -> None:
+        checks = {
+            "p": self.p >= 1,
+            "d": self.d >= 1,
+            "gamma": self.gamma > 0,
+            "eps_validation": self.eps_validation > 0,
+            "eps_summary": self.eps_summary > 0,
+            "eps_auction": self.eps_auction > 0,
+            "eps_seed": self.eps_seed > 0,
+            "validation_iterations": self.validation_iterations >= 1,
+            "seed_iterations": self.seed_iterations >= 1,
+            "summary_iterations": self.summary_iterations >= 1,
+            "tau": self.tau >= 1,
+            "max_deliveries": self.max_deliveries >= 1,
+            "phase_timeout": self.phase_timeout > 0,
+            "auction_variant": self.auction_variant in ("paper", "pure"),
+            "neighbouring": self.neighbouring in ("add_remove", "replace"),
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"CuratorParams: invalid {', '.join(bad)} ({self})")
+
+    @property
+    def sensitivity(self) -> float:
+        """Sensitivity of a quantised coordinate sum: 1 under add/remove (the paper's Theorem 6
+        relation, counts public), 2 under replacement (fixed-size neighbouring summaries)."""
+        return 1.0 if self.neighbouring == "add_remove" else 2.0
+
+    @property
+    def grid_step(self) -> float:
+        if self.eta is not None:
+            return self.eta
+        return 2.0 / (2 * self.d)  # eta = 1/d, and 2/eta an integer
+
+    @property
+    def epoch_limit(self) -> int:
+        return self.max_epochs if self.max_epochs is not None else 4 * self.p + 10
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a summary point came from and what it was worth when it won."""
+
+    owner: str
+    token: int
+    epoch: int
+    bid: float
+    gain: float  # approximate marginal gain 2/(q+1) * bid (constant dropped; objective.py)
+
+
+@dataclass
+class SummaryResult:
+    """What the curator ends with: the summary, its provenance and the bookkeeping."""
+
+    points: F64 | None
+    hashed: npt.NDArray[np.float32]
+    labels: F64
+    provenance: list[Provenance]
+    epochs: int
+    reason: str
+    value: dict[str, float]
+    transfers: TransferCounter
+    ledgers: dict[str, PrivacyLedger]
+    dropped: list[tuple[int, str, str]]  # (epoch, owner, phase)
+    rejected: list[tuple[int, str, str]]  # (epoch, owner, why)
+    late_frames: int
+
+
+@dataclass
+class _Epoch:
+    number: int
+    g_summary: F64
+    q: int
+    bids: dict[str, BidBody] = field(default_factory=dict)
+    passed: set[str] = field(default_factory=set)
+    asked: set[str] = field(default_factory=set)
+    verified: dict[str, tuple[float, DeliverBody]] = field(default_factory=dict)
+    answered: set[str] = field(default_factory=set)
+    deadline: float | None = None
+
+
+class Curator:
+    """The trusted, parsimonious curator (Algorithm 3) as a sans-I/O state machine."""
+
+    def __init__(
+        self,
+        run: str,
+        owners: list[str],
+        validation: npt.ArrayLike,
+        seed_set: npt.ArrayLike,
+        params: CuratorParams,
+        rng: np.random.Generator,
+    ) -> None:
+        V = np.asarray(validation, dtype=np.float64)
+        D0 = np.asarray(seed_set, dtype=np.float64)
+        if V.ndim != 2 or len(V) == 0:
+            raise ValueError(f"validation: expected a non-empty 2-D array, got shape {V.shape}")
+        if D0.ndim != 2 or len(D0) == 0 or D0.shape[1] != V.shape[1]:
+            raise ValueError(f"seed_set: expected shape (n, {V.shape[1]}), got {D0.shape}")
+        if len(set(owners)) != len(owners) or not owners or CURATOR in owners:
+            raise ValueError(f"owners: expected distinct names other than 'curator': {owners}")
+        self.name, self.run, self.params, self.owners = CURATOR, run, params, list(owners)
+        self._rng = rng
+        self._out = Outbox(run, CURATOR)
+        self.h1 = RandomFourierFeatures(V.shape[1], params.d, params.gamma, params.h1_seed)
+        self._H_validation = self.h1(V)
+        self._H_seed = self.h1(D0)
+        self._seed_sum = self._H_seed.astype(np.float64).sum(axis=0)
+        self._h2 = MwemHash(params.d, params.grid_step, warm_start=params.warm_start)
+        self.ledgers = {o: PrivacyLedger(o) for o in owners}
+        self.ledgers["validation"] = PrivacyLedger("validation")
+        self.live = set(owners)
+        self.state = "new"
+        self._g_validation = np.zeros(params.d)
+        self._summary_H: list[npt.NDArray[np.float32]] = []
+        self._summary_X: list[F64] = []
+        self._labels: list[float] = []
+        self._members: set[tuple[str, int]] = set()
+        self.provenance: list[Provenance] = []
+        self._times_bid: dict[tuple[str, int], int] = {}
+        self.transfers = TransferCounter()
+        self.value = dict.fromkeys(owners, 0.0)
+        self.dropped: list[tuple[int, str, str]] = []
+        self.rejected: list[tuple[int, str, str]] = []
+        self.late_frames = 0
+        self.epoch = _Epoch(0, np.zeros(params.d), 0)
+        self.reason = ""
+        self._table: dict[tuple[str, str], Handler] = {
+            ("bidding", "summary.bid"): self._on_bid,
+            ("bidding", "summary.pass"): self._on_pass,
+            ("asking", "summary.deliver"): self._on_deliver,
+        }
+
+    # ------------------------------------------------------------------------------ start
+    def start(self) -> list[Message]:
+        """Publish the parameters and g_tilde, then open epoch 1."""
+        if self.state != "new":
+            raise LocalProtocolError(f"start: curator already started (state {self.state})")
+        p = self.params
+        setup = SetupBody(
+            self.h1.n_features, p.d, p.gamma, p.h1_seed, p.tau, p.less_trusted, p.max_deliveries
+        )
+        release = MwemHash(p.d, p.grid_step).release(
+            self._H_validation, p.eps_validation, p.validation_iterations, self._rng
+        )
+        self._g_validation = release.mean
+        self.ledgers["validation"].exponential(
+            p.eps_validation,
+            p.sensitivity,
+            count=p.validation_iterations,
+            label="h2(validation) selection",
+        )
+        self.ledgers["validation"].laplace(
+            1.0 / p.eps_validation,
+            p.sensitivity,
+            count=p.validation_iterations,
+            label="h2(validation) measure",
+            paper_epsilon=p.eps_validation,
+        )
+        # The summary's h2 state starts from the public seed set: free of privacy cost.
+        self._h2.release(self._H_seed, p.eps_seed, p.seed_iterations, self._rng)
+        out = [self._out.make(o, 0, setup) for o in self.owners]
+        out += [self._out.make(o, 0, ValidationBody(release.mean)) for o in self.owners]
+        return out + self._open_epoch(np.zeros(p.d))
+
+    # ------------------------------------------------------------------------- interface
+    def receive(self, msg: Message) -> list[Message]:
+        if msg.sender not in self.owners:
+            raise RemoteProtocolError(f"from: {msg.sender!r} is not an owner of this run")
+        if msg.sender not in self.live or self._is_late(msg):
+            self.late_frames += 1
+            return []
+        if msg.round != self.epoch.number:
+            raise RemoteProtocolError(
+                f"round: {msg.round} is not the open epoch {self.epoch.number}"
+            )
+        return dispatch(self.name, self.run, self.state, self._table, msg)
+
+    def _is_late(self, msg: Message) -> bool:
+        """An answer to a phase that has already closed (deadline passed or run finished)."""
+        if self.state == "done":
+            return True
+        if msg.round < self.epoch.number:
+            return True
+        return self.state == "asking" and msg.kind in ("summary.bid", "summary.pass")
+
+    def expire(self, now: float) -> list[Message]:
+        ep = self.epoch
+        if self.state not in ("bidding", "asking"):
+            return []
+        if ep.deadline is None:
+            ep.deadline = now + self.params.phase_timeout
+            return []
+        if now < ep.deadline:
+            return []
+        phase = self.state
+        waiting = self._waiting()
+        for owner in sorted(waiting):
+            self.dropped.append((ep.number, owner, phase))
+        return self._close_bidding() if phase == "bidding" else self._close_asking()
+
+    @property
+    def done(self) -> bool:
+        return self.state == "done"
+
+    def result(self) -> SummaryResult:
+        d = self.params.d
+        hashed = np.array(self._summary_H, dtype=np.float32).reshape(-1, d)
+        points = None if self.params.less_trusted else np.array(self._summary_X, dtype=np.float64)
+        return SummaryResult(
+            points=points,
+            hashed=hashed,
+            labels=np.array(self._labels, dtype=np.float64),
+            provenance=list(self.provenance),
+            epochs=self.epoch.number,
+            reason=self.reason,
+            value=dict(self.value),
+            transfers=self.transfers,
+            ledgers=self.ledgers,
+            dropped=list(self.dropped),
+            rejected=list(self.rejected),
+            late_frames=self.late_frames,
+        )
+
+    # --------------------------------------------------------------------------- phases
+    def _open_epoch(self, g_summary: F64) -> list[Message]:
+        number = self.epoch.number + 1
+        if number > self.params.epoch_limit:
+            return self._finish("epoch limit reached")
+        self.epoch = _Epoch(number, g_summary, len(self.provenance))
+        self.state = "bidding"
+        body = EpochBody(g_summary, self.epoch.q)
+        return [self._out.make(o, number, body) for o in sorted(self.live)]
+
+    def _waiting(self) -> set[str]:
+        ep = self.epoch
+        if self.state == "bidding":
+            return self.live - set(ep.bids) - ep.passed
+        return ep.asked - ep.answered
+
+    def _on_bid(self, msg: Message) -> list[Message]:
+        body = body_of(msg, BidBody)
+        if msg.sender in self.epoch.bids or msg.sender in self.epoch.passed:
+            raise RemoteProtocolError(f"summary.bid: {msg.sender} already answered this epoch")
+        self.epoch.bids[msg.sender] = body
+        return self._close_bidding() if not self._waiting() else []
+
+    def _on_pass(self, msg: Message) -> list[Message]:
+        if msg.sender in self.epoch.bids or msg.sender in self.epoch.passed:
+            raise RemoteProtocolError(f"summary.pass: {msg.sender} already answered this epoch")
+        self.epoch.passed.add(msg.sender)
+        return self._close_bidding() if not self._waiting() else []
+
+    def _close_bidding(self) -> list[Message]:
+        ep, p = self.epoch, self.params
+        if not ep.bids:
+            return self._finish("no owner has points left to bid")
+        bids = []
+        for owner, b in sorted(ep.bids.items()):
+            key = (owner, b.token)
+            self._times_bid[key] = self._times_bid.get(key, 0) + 1
+            bids.append(AuctionBid(owner, b.token, b.bid, self._times_bid[key]))
+        decision = run_auction(bids, p.eps_auction, p.tau, self._rng, variant=p.auction_variant)
+        for owner in self.owners:
+            self.ledgers[owner].auction(p.eps_auction, p.auction_variant, label="auction step")
+        ep.asked = set(decision.asked)
+        ep.deadline = None
+        self.state = "asking"
+        if not ep.asked:
+            return self._close_asking()
+        return [self._out.make(o, ep.number, AskBody(ep.bids[o].token)) for o in decision.asked]
+
+    def _on_deliver(self, msg: Message) -> list[Message]:
+        body = body_of(msg, DeliverBody)
+        ep, owner = self.epoch, msg.sender
+        if owner not in ep.asked or owner in ep.answered:
+            raise RemoteProtocolError(
+                f"summary.deliver: {owner} was not asked or already delivered"
+            )
+        if body.token != ep.bids[owner].token:
+            raise RemoteProtocolError(
+                f"summary.deliver.token: {body.token} was not asked of {owner}"
+            )
+        ep.answered.add(owner)
+        self.transfers.record(owner, body.token)
+        why = self._verify(owner, body)
+        if why:
+            self.rejected.append((ep.number, owner, why))
+        else:
+            ep.verified[owner] = (ep.bids[owner].bid, body)
+        return self._close_asking() if not self._waiting() else []
+
+    def _verify(self, owner: str, body: DeliverBody) -> str:
+        """Empty string if the delivered point matches its bid, else why it does not."""
+        p, ep = self.params, self.epoch
+        if p.less_trusted:
+            if body.hashed is None or body.hashed.shape != (p.d,):
+                return f"expected hashed vector of shape ({p.d},)"
+            if np.abs(body.hashed).max() > np.sqrt(2.0 / p.d) * (1 + 1e-5):
+                return "hashed vector outside the range of h1"
+            h = np.asarray(body.hashed, dtype=np.float32)
+        else:
+            if body.point is None or body.point.shape != (self.h1.n_features,):
+                return f"expected a point of shape ({self.h1.n_features},)"
+            h = self.h1(np.asarray(body.point, dtype=np.float64))
+        if body.label is None:
+            return "missing label"
+        if (owner, body.token) in self._members:
+            return "point is already in the summary"
+        claimed = ep.bids[owner].bid
+        actual = float(hashed_bids(h[None, :], self._g_validation, ep.g_summary, ep.q)[0])
+        if abs(actual - claimed) > p.verify_tolerance * (1.0 + abs(claimed)):
+            return f"bid {claimed:.6g} does not match the delivered point ({actual:.6g})"
+        return ""
+
+    def _close_asking(self) -> list[Message]:
+        ep = self.epoch
+        winner = choose_winner({o: bid for o, (bid, _) in ep.verified.items()})
+        if winner is None:  # nothing added: repeat with the same release, no new charge
+            return self._open_epoch(ep.g_summary)
+        bid, body = ep.verified[winner]
+        self._add(winner, bid, body)
+        if len(self.provenance) >= self.params.p:
+            return self._finish("complete")
+        return self._open_epoch(self._release_summary())
+
+    def _add(self, owner: str, bid: float, body: DeliverBody) -> None:
+        q = self.epoch.q
+        if body.point is not None:
+            point = np.asarray(body.point, dtype=np.float64)
+            self._summary_X.append(point)
+            h = self.h1(point)
+        else:
+            h = np.asarray(body.hashed, dtype=np.float32)
+        self._summary_H.append(h)
+        self._labels.append(float(body.label if body.label is not None else 0.0))
+        self._members.add((owner, body.token))
+        gain = 2.0 / (q + 1) * bid
+        self.value[owner] += gain
+        self.provenance.append(Provenance(owner, body.token, self.epoch.number, bid, gain))
+
+    def _release_summary(self) -> F64:
+        """DP estimate of the mean of h1 over S: h2 over seed + S, the seed's exact sum removed."""
+        p = self.params
+        H = np.concatenate([self._H_seed, np.array(self._summary_H, dtype=np.float32)])
+        release = self._h2.release(H, p.eps_summary, p.summary_iterations, self._rng)
+        for owner in self.owners:
+            ledger = self.ledgers[owner]
+            ledger.exponential(
+                p.eps_summary,
+                p.sensitivity,
+                count=p.summary_iterations,
+                label="h2(summary) selection",
+            )
+            ledger.laplace(
+                1.0 / p.eps_summary,
+                p.sensitivity,
+                count=p.summary_iterations,
+                label="h2(summary) measure",
+                paper_epsilon=p.eps_summary,
+            )
+        q = len(self.provenance)
+        return np.asarray((release.mean * len(H) - self._seed_sum) / q, dtype=np.float64)
+
+    def _finish(self, reason: str) -> list[Message]:
+        self.state, self.reason = "done", reason
+        body = FinishBody(self.epoch.number, reason)
+        return [self._out.make(o, self.epoch.number, body) for o in sorted(self.live)]
