@@ -10,6 +10,7 @@ accuracy of a LinearSVC trained on it. Privacy is reported per protected party, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from dpmarket.streams.synthetic import Scenario
 
 __all__ = ["METHODS", "EvaluationTable", "evaluate", "paper_params", "svm_accuracy"]
 
-METHODS = ("greedy", "hashed_greedy", "private", "uniform")
+METHODS = ("greedy", "hashed_greedy", "private", "uniform", "protocol_noiseless")
+NOISELESS_EPS = 1e6  # h2 with this eps is the protocol without DP noise (a diagnostic, not private)
 F64 = npt.NDArray[np.float64]
 
 
@@ -75,20 +77,20 @@ class EvaluationTable:
     epsilon: dict[str, Any] = field(default_factory=dict)
 
     def rows(self) -> list[str]:
-        head = f"{'p':>5} " + " ".join(f"{'mmd2 ' + m:>20}" for m in METHODS)
-        head += " " + " ".join(f"{'svm ' + m:>18}" for m in METHODS)
-        head += f" {'private vs greedy':>18} {'uniform vs greedy':>18} {'accessed':>9}"
-        lines = [head]
+        """One line per (p, method): MMD^2, percentage over greedy, LinearSVC accuracy."""
+        lines = [f"{'p':>5}  {'method':<20} {'MMD^2':>10} {'vs greedy':>10} {'LinearSVC':>10}"]
         for i, p in enumerate(self.p):
-            mm = [self.mmd2[m][i] for m in METHODS]
-            acc = [self.svm_accuracy[m][i] for m in METHODS]
-            over = [
-                100 * (self.mmd2[m][i] / self.mmd2["greedy"][i] - 1) for m in ("private", "uniform")
-            ]
-            line = f"{p:>5} " + " ".join(f"{v:>20.5f}" for v in mm)
-            line += " " + " ".join(f"{v:>18.3f}" for v in acc)
-            line += f" {over[0]:>17.1f}% {over[1]:>17.1f}% {self.points_accessed[i]:>9.1f}"
-            lines.append(line)
+            greedy = self.mmd2["greedy"][i]
+            for m in METHODS:
+                over = 100 * (self.mmd2[m][i] / greedy - 1)
+                lines.append(
+                    f"{p:>5}  {m:<20} {self.mmd2[m][i]:>10.5f} {over:>9.1f}% "
+                    f"{self.svm_accuracy[m][i]:>10.3f}"
+                )
+            lines.append(
+                f"{'':>5}  private run: {self.points_accessed[i]:.1f} distinct points accessed, "
+                f"{self.transfers[i]:.1f} transfers (p + m = {p} + validation)"
+            )
         return lines
 
 
@@ -137,7 +139,13 @@ def _summaries(
     if res.points is None:
         raise ValueError("evaluation needs the trusted mode (points), not the less-trusted mode")
     base = baselines(scenario, params.p, params.d, params.gamma, params.h1_seed, rng)
+    noiseless = dataclasses.replace(
+        params, eps_validation=NOISELESS_EPS, eps_summary=NOISELESS_EPS, eps_seed=NOISELESS_EPS
+    )
+    clean = run_inprocess(scenario, noiseless, np.random.default_rng([seed, params.p])).result
+    assert clean.points is not None
     methods = {
+        "protocol_noiseless": (clean.points, clean.labels),
         "greedy": base.greedy,
         "hashed_greedy": base.hashed_greedy,
         "private": (res.points, res.labels),

@@ -270,3 +270,16 @@ def test_bad_parameters_are_refused_by_name() -> None:
         CuratorParams(p=5, eps_summary=0.0)
     with pytest.raises(ValueError, match="auction_variant"):
         CuratorParams(p=5, auction_variant="secret")
+
+
+def test_dropped_asks_fire_the_asking_deadline(scenario: Scenario) -> None:
+    victim = scenario.owner_names[0]
+    faults = FaultPlan(drop=lambda m: isinstance(m.body, AskBody) and m.recipient == victim)
+    run = run_inprocess(
+        scenario, params(scenario), np.random.default_rng(8), faults=faults, run_id=RUN
+    )
+    res = run.result
+    assert res.reason == "complete"
+    assert any(o == victim and phase == "asking" for _, o, phase in res.dropped)
+    assert all(p.owner != victim for p in res.provenance)
+    assert run.transport.dropped_frames > 0

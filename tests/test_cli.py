@@ -1,0 +1,67 @@
+"""The command line and its configuration files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dpmarket.actors.cli import main
+from dpmarket.actors.config import ConfigError, load_demo_config
+from dpmarket.protocol.curator import CuratorParams
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_demo_config_loads_and_applies() -> None:
+    config = load_demo_config(ROOT / "configs" / "demo.toml")
+    assert config.scenario == "digits" and config.p and config.seeds
+    applied = config.apply(CuratorParams(p=10))
+    assert applied.auction_variant == config.overrides.get("auction_variant", "paper")
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[scenario]\nnmae = 'digits'\n", "unknown keys ['nmae']"),
+        ("[summary]\neps_sumary = 0.1\n", "unknown keys ['eps_sumary']"),
+        ("[summary]\neps_summary = -1.0\n", "eps_summary"),
+        ("[scenario]\nname = 'mnist'\n", "'mnist' is not one of"),
+        ("[scenario]\np = [0]\n", "summary sizes"),
+        ("[scenario]\ndelta = 2.0\n", "delta"),
+        ("[oops]\n", "unknown keys ['oops']"),
+        ("not toml = = 1", "cannot read"),
+    ],
+)
+def test_bad_config_is_refused_with_the_key_named(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_demo_config(path)
+    assert needle in str(info.value)
+
+
+def test_demo_command_prints_the_table_and_the_ledger(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "tiny.toml"
+    path.write_text(
+        "[scenario]\nname = 'digits'\nseeds = [0]\np = [6]\n"
+        "[summary]\nvalidation_iterations = 100\nseed_iterations = 100\n"
+    )
+    assert main(["demo", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    for method in ("greedy", "hashed_greedy", "private", "uniform"):
+        assert f"  {method} " in out
+    ledger = json.loads(out[out.index("{") :])
+    assert ledger["paper_count"]["validation"] > 0 and ledger["validation"] > 0
+
+
+def test_demo_command_reports_config_errors_with_exit_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[scenario]\nseeds = 'all'\n")
+    assert main(["demo", "--config", str(path)]) == 2
+    assert "seeds" in capsys.readouterr().err
