@@ -138,7 +138,8 @@ def _summaries(
     res = run_inprocess(scenario, params, rng).result
     if res.points is None:
         raise ValueError("evaluation needs the trusted mode (points), not the less-trusted mode")
-    base = baselines(scenario, params.p, params.d, params.gamma, params.h1_seed, rng)
+    base_rng = np.random.default_rng([seed, params.p, 1])  # independent of the private run
+    base = baselines(scenario, params.p, params.d, params.gamma, params.h1_seed, base_rng)
     noiseless = dataclasses.replace(
         params, eps_validation=NOISELESS_EPS, eps_summary=NOISELESS_EPS, eps_seed=NOISELESS_EPS
     )

@@ -10,7 +10,11 @@ Every frame is a msgpack map (``use_bin_type=True`` on encode, ``raw=False`` and
 
 ``kind`` selects a registered body dataclass; the body's fields are checked against the
 dataclass's type hints. numpy arrays travel as ``{"dtype": "<f4", "shape": [..], "data": bytes}``
-with a dtype allow-list (never pickle, never object arrays) and a byte cap. Floats must be finite.
+with a dtype allow-list (never pickle, never object arrays) and a byte cap (which also bounds the
+extents of empty arrays); boolean data must be bytes 0/1. Floats must be finite. Decoded arrays
+are read-only views of ``bytes`` the message owns, never of the caller's buffer. ``encode``
+re-checks the body (its arrays may have been mutated since construction), so every frame it
+emits is one ``decode`` accepts.
 
 ``decode`` either returns a valid :class:`Message` or raises :class:`RemoteProtocolError` naming
 the offending field; it never raises anything else (a hypothesis test feeds it random and mutated

@@ -1,0 +1,240 @@
+"""Layer rules: ``protocol/`` and ``streams/`` stay pure (numpy + stdlib, no I/O, no clocks).
+
+Every ``.py`` file under those two folders is parsed with :mod:`ast` (never imported) and
+checked for: imports of I/O, concurrency, clock and global-randomness modules, imports of
+``dpmarket.actors`` (and of ``dpmarket.streams`` from ``protocol/``), ``open(...)`` and
+``__import__(...)`` calls, and uses of numpy's global random state (``np.random.seed``,
+``np.random.rand``, ``np.random.normal``, ...; only ``default_rng``, ``Generator`` and the bit
+generators are allowed). Two files of ``streams/`` may do file I/O: ``tail.py`` (asyncio, os,
+pathlib) and ``records.py`` (pathlib, os, io). A failure lists every offence as ``file:line``.
+The checker is itself tested on synthetic sources so that it cannot pass vacuously.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PURE_PACKAGES = ("protocol", "streams")
+
+FORBIDDEN = frozenset(
+    {
+        "ray",
+        "asyncio",
+        "socket",
+        "selectors",
+        "subprocess",
+        "threading",
+        "multiprocessing",
+        "concurrent",
+        "time",
+        "datetime",
+        "random",
+        "os",
+        "pathlib",
+        "io",
+        "shutil",
+        "tempfile",
+        "glob",
+        "pickle",
+        "importlib",
+    }
+)
+FILE_EXCEPTIONS: dict[str, frozenset[str]] = {
+    "streams/tail.py": frozenset({"asyncio", "os", "pathlib"}),
+    "streams/records.py": frozenset({"pathlib", "os", "io"}),
+}
+MAY_OPEN = frozenset(FILE_EXCEPTIONS)
+NUMPY_RANDOM_ALLOWED = frozenset(
+    {"default_rng", "Generator", "BitGenerator", "SeedSequence", "PCG64", "PCG64DXSM", "Philox"}
+    | {"SFC64", "MT19937"}
+)
+
+
+def package_of(relpath: str) -> list[str]:
+    """The installed dotted package of a file, e.g. protocol/x.py -> [dpmarket, protocol]."""
+    return ["dpmarket", *relpath.split("/")[:-1]]
+
+
+@dataclass
+class Checker(ast.NodeVisitor):
+    """Collects layer violations of one source file as ``relpath:line: reason`` strings."""
+
+    relpath: str
+    found: list[str] = field(default_factory=list)
+    numpy_names: set[str] = field(default_factory=set)  # names bound to the numpy module
+    random_names: set[str] = field(default_factory=set)  # names bound to numpy.random
+
+    def flag(self, node: ast.AST, reason: str) -> None:
+        self.found.append(f"{self.relpath}:{getattr(node, 'lineno', 0)}: {reason}")
+
+    def check_module(self, node: ast.AST, module: str) -> None:
+        """One imported absolute module name against the layer rules."""
+        top = module.split(".")[0]
+        allowed = FILE_EXCEPTIONS.get(self.relpath, frozenset())
+        if top in FORBIDDEN and top not in allowed:
+            self.flag(node, f"imports {module!r} (no I/O, clocks, threads or global RNG)")
+        if module == "dpmarket.actors" or module.startswith("dpmarket.actors."):
+            self.flag(node, f"imports {module!r} (the actors layer sits above this one)")
+        streams = module == "dpmarket.streams" or module.startswith("dpmarket.streams.")
+        if self.relpath.startswith("protocol/") and streams:
+            self.flag(node, f"imports {module!r} (protocol/ must not depend on streams/)")
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self.check_module(node, alias.name)
+            if alias.name == "numpy":
+                self.numpy_names.add(alias.asname or "numpy")
+            elif alias.name == "numpy.random":
+                if alias.asname:
+                    self.random_names.add(alias.asname)
+                else:
+                    self.numpy_names.add("numpy")
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        base = node.module.split(".") if node.module else []
+        if node.level:
+            package = package_of(self.relpath)
+            base = package[: len(package) - node.level + 1] + base
+        module = ".".join(base)
+        self.check_module(node, module)
+        for alias in node.names:
+            if alias.name != "*":
+                self.check_module(node, f"{module}.{alias.name}")
+            if module == "numpy" and alias.name == "random":
+                self.random_names.add(alias.asname or "random")
+            elif module == "numpy.random" and alias.name not in NUMPY_RANDOM_ALLOWED:
+                self.flag(node, f"imports numpy.random.{alias.name} (global random state)")
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if isinstance(node.func, ast.Name):
+            if node.func.id == "open" and self.relpath not in MAY_OPEN:
+                self.flag(node, "calls open() (files are opened only by streams/records.py)")
+            if node.func.id == "__import__":
+                self.flag(node, "calls __import__() (dynamic imports hide dependencies)")
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        target = node.value
+        numpy_random = (
+            isinstance(target, ast.Attribute)
+            and target.attr == "random"
+            and isinstance(target.value, ast.Name)
+            and target.value.id in self.numpy_names
+        )
+        alias_random = isinstance(target, ast.Name) and target.id in self.random_names
+        if (numpy_random or alias_random) and node.attr not in NUMPY_RANDOM_ALLOWED:
+            self.flag(node, f"uses numpy.random.{node.attr} (pass a numpy Generator instead)")
+        self.generic_visit(node)
+
+
+def violations(source: str, relpath: str) -> list[str]:
+    """All layer violations of one source text, as ``relpath:line: reason`` strings."""
+    try:
+        tree = ast.parse(source, filename=relpath)
+    except SyntaxError as exc:
+        return [f"{relpath}:{exc.lineno}: does not parse ({exc.msg})"]
+    checker = Checker(relpath)
+    # Imports first, so that aliases are known wherever numpy.random is used.
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            checker.visit(node)
+    checker.found.clear()
+    checker.visit(tree)
+    return checker.found
+
+
+def pure_files() -> list[Path]:
+    return sorted(p for pkg in PURE_PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+
+
+def test_pure_layers_have_no_io_clocks_threads_or_global_rng() -> None:
+    files = pure_files()
+    assert ROOT / "protocol" / "messages.py" in files  # the scan really looks at the tree
+    found = [
+        v
+        for path in files
+        for v in violations(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())
+    ]
+    assert not found, "layer violations:\n" + "\n".join(found)
+
+
+# --------------------------------------------------------------------- the checker itself
+BAD_SOURCE = """\
+import numpy as np
+import ray
+from asyncio import sleep
+import time, os.path
+from datetime import datetime
+import random
+from dpmarket.actors.runner import run
+from ..actors import transport
+from dpmarket import actors
+x = open("f")
+np.random.seed(3)
+y = np.random.rand(2) + np.random.normal(size=2)
+from numpy import random as npr
+z = npr.uniform()
+from numpy.random import randint
+m = __import__("socket")
+"""
+BAD_LINES = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16}
+
+
+def lines(found: list[str]) -> set[int]:
+    return {int(v.split(":")[1]) for v in found}
+
+
+def test_checker_flags_every_kind_of_offence() -> None:
+    found = violations(BAD_SOURCE, "streams/example.py")
+    assert lines(found) == BAD_LINES, found
+    assert all(v.startswith("streams/example.py:") for v in found)
+    assert sum(":12:" in v for v in found) == 2  # rand and normal on one line
+    assert any("'os.path'" in v and "'time'" not in v for v in found)
+    assert any("'time'" in v for v in found)
+
+
+def test_checker_refuses_streams_in_protocol_only() -> None:
+    source = "from dpmarket.streams.synthetic import blobs\nfrom ..streams import records\n"
+    assert lines(violations(source, "protocol/x.py")) == {1, 2}
+    assert violations(source, "streams/x.py") == []
+    assert violations("from . import records\n", "streams/x.py") == []
+
+
+def test_checker_accepts_clean_source() -> None:
+    source = (
+        "from __future__ import annotations\n"
+        "import math\nimport numpy as np\nimport numpy.typing as npt\n"
+        "from dpmarket.protocol.errors import ProtocolError\n"
+        "from .messages import encode\n"
+        "def f(rng: np.random.Generator) -> float:\n"
+        "    g = np.random.default_rng(np.random.SeedSequence(1))\n"
+        "    return float(rng.normal() + g.random() + math.pi)\n"
+        "class C:\n    def open(self) -> None:\n        self.random = 1\n"
+    )
+    assert violations(source, "protocol/x.py") == []
+
+
+@pytest.mark.parametrize(
+    ("relpath", "source", "flagged"),
+    [
+        ("streams/tail.py", "import asyncio\nimport os\nfrom pathlib import Path\n", set()),
+        ("streams/tail.py", "import io\nimport time\n", {1, 2}),
+        ("streams/records.py", "import io\nimport os\nx = open('f')\n", set()),
+        ("streams/records.py", "import asyncio\n", {1}),
+        ("protocol/tail.py", "import asyncio\nx = open('f')\n", {1, 2}),
+        ("streams/other.py", "import pathlib\n", {1}),
+    ],
+)
+def test_checker_exceptions_are_exact(relpath: str, source: str, flagged: set[int]) -> None:
+    assert lines(violations(source, relpath)) == flagged
+
+
+def test_checker_reports_unparsable_files() -> None:
+    assert violations("def broken(:\n", "protocol/bad.py")[0].startswith("protocol/bad.py:1:")
