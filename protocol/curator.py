@@ -75,6 +75,8 @@ class CuratorParams:
     verify_tolerance: float = 1e-4
     neighbouring: str = "add_remove"
     max_deliveries: int = 3
+    max_lost: int | None = None
+    known_colluders: int = 0
 
     def __post_init__(self) -> None:
         checks = {
@@ -90,6 +92,8 @@ class CuratorParams:
             "summary_iterations": self.summary_iterations >= 1,
             "tau": self.tau >= 1,
             "max_deliveries": self.max_deliveries >= 1,
+            "max_lost": self.max_lost is None or self.max_lost >= 0,
+            "known_colluders": self.known_colluders >= 0,
             "phase_timeout": self.phase_timeout > 0,
             "auction_variant": self.auction_variant in ("paper", "pure"),
             "neighbouring": self.neighbouring in ("add_remove", "replace"),
@@ -155,6 +159,7 @@ class _Epoch:
     verified: dict[str, tuple[float, DeliverBody]] = field(default_factory=dict)
     answered: set[str] = field(default_factory=set)
     deadline: float | None = None
+    decided: bool = False  # the auction of this epoch has run (and was charged)
 
 
 class Curator:
@@ -203,6 +208,9 @@ class Curator:
         self.late_frames = 0
         self.epoch = _Epoch(0, np.zeros(params.d), 0)
         self.reason = ""
+        self.lost: dict[str, int] = {}  # owner -> epoch at which it missed a deadline
+        self.refusal: dict[str, object] = {}
+        self.checkpoint_due = False  # a release or an auction happened: journal the state now
         self._table: dict[tuple[str, str], Handler] = {
             ("bidding", "summary.bid"): self._on_bid,
             ("bidding", "summary.pass"): self._on_pass,
@@ -256,7 +264,7 @@ class Curator:
 
     def _is_late(self, msg: Message) -> bool:
         """An answer to a phase that has already closed (deadline passed or run finished)."""
-        if self.state == "done":
+        if self.state in ("done", "refused"):
             return True
         if msg.round < self.epoch.number:
             return True
@@ -275,7 +283,54 @@ class Curator:
         waiting = self._waiting()
         for owner in sorted(waiting):
             self.dropped.append((ep.number, owner, phase))
+            self.lost.setdefault(owner, ep.number)
+        self.live -= waiting
+        budget = self.params.max_lost
+        if budget is not None and len(self.lost) + self.params.known_colluders > budget:
+            return self._refuse(phase)
         return self._close_bidding() if phase == "bidding" else self._close_asking()
+
+    def _refuse(self, phase: str) -> list[Message]:
+        """More owners lost (plus known colluders) than T: stop before any further release."""
+        ep, p = self.epoch, self.params
+        lost = sorted(self.lost)
+        self.refusal = {
+            "epoch": ep.number,
+            "phase": phase,
+            "lost": lost,
+            "colluders": p.known_colluders,
+            "tolerance": p.max_lost,
+        }
+        self.state, self.checkpoint_due = "refused", True
+        self.reason = (
+            f"refused at epoch {ep.number} ({phase}): {len(lost)} owner(s) lost "
+            f"({', '.join(lost)}) + {p.known_colluders} colluding > T = {p.max_lost}; "
+            "no further release was made"
+        )
+        body = FinishBody(ep.number, "refused")
+        return [self._out.make(o, ep.number, body) for o in sorted(self.live)]
+
+    def resume(self) -> list[Message]:
+        """Continue a refused run when its owners are back: re-send the journaled releases
+        (g_tilde and the open epoch's g_l) without drawing new noise, and reopen the epoch. An
+        auction that already ran in this epoch is reused, not redrawn (its charge stands)."""
+        if self.state not in ("refused", "bidding", "asking"):
+            raise LocalProtocolError(f"resume: nothing to resume in state {self.state}")
+        p, ep = self.params, self.epoch
+        self.live, self.state, self.reason, self.refusal = set(self.owners), "bidding", "", {}
+        self.lost.clear()
+        ep.bids.clear()
+        ep.passed.clear()
+        ep.deadline = None
+        setup = SetupBody(
+            self.h1.n_features, p.d, p.gamma, p.h1_seed, p.tau, p.less_trusted, p.max_deliveries
+        )
+        out = [self._out.make(o, ep.number, setup) for o in self.owners]
+        out += [
+            self._out.make(o, ep.number, ValidationBody(self._g_validation)) for o in self.owners
+        ]
+        body = EpochBody(ep.g_summary, ep.q)
+        return out + [self._out.make(o, ep.number, body) for o in self.owners]
 
     @property
     def done(self) -> bool:
@@ -306,7 +361,7 @@ class Curator:
         if number > self.params.epoch_limit:
             return self._finish("epoch limit reached")
         self.epoch = _Epoch(number, g_summary, len(self.provenance))
-        self.state = "bidding"
+        self.state, self.checkpoint_due = "bidding", True
         body = EpochBody(g_summary, self.epoch.q)
         return [self._out.make(o, number, body) for o in sorted(self.live)]
 
@@ -333,20 +388,26 @@ class Curator:
         ep, p = self.epoch, self.params
         if not ep.bids:
             return self._finish("no owner has points left to bid")
-        bids = []
-        for owner, b in sorted(ep.bids.items()):
-            key = (owner, b.token)
-            self._times_bid[key] = self._times_bid.get(key, 0) + 1
-            bids.append(AuctionBid(owner, b.token, b.bid, self._times_bid[key]))
-        decision = run_auction(bids, p.eps_auction, p.tau, self._rng, variant=p.auction_variant)
-        for owner in self.owners:
-            self.ledgers[owner].auction(p.eps_auction, p.auction_variant, label="auction step")
-        ep.asked = set(decision.asked)
+        if not ep.decided:
+            bids = []
+            for owner, b in sorted(ep.bids.items()):
+                key = (owner, b.token)
+                self._times_bid[key] = self._times_bid.get(key, 0) + 1
+                bids.append(AuctionBid(owner, b.token, b.bid, self._times_bid[key]))
+            decision = run_auction(
+                bids, p.eps_auction, p.tau, self._rng, variant=p.auction_variant
+            )
+            for owner in self.owners:
+                self.ledgers[owner].auction(p.eps_auction, p.auction_variant, label="auction step")
+            ep.asked, ep.decided, self.checkpoint_due = set(decision.asked), True, True
+        # a resumed epoch reuses its auction; owners that no longer bid are not asked again
+        ep.asked &= set(ep.bids) | ep.answered
         ep.deadline = None
         self.state = "asking"
-        if not ep.asked:
+        pending = sorted(ep.asked - ep.answered)
+        if not pending:
             return self._close_asking()
-        return [self._out.make(o, ep.number, AskBody(ep.bids[o].token)) for o in decision.asked]
+        return [self._out.make(o, ep.number, AskBody(ep.bids[o].token)) for o in pending]
 
     def _on_deliver(self, msg: Message) -> list[Message]:
         body = body_of(msg, DeliverBody)
@@ -441,6 +502,6 @@ class Curator:
         return np.asarray((release.mean * len(H) - self._seed_sum) / q, dtype=np.float64)
 
     def _finish(self, reason: str) -> list[Message]:
-        self.state, self.reason = "done", reason
+        self.state, self.reason, self.checkpoint_due = "done", reason, True
         body = FinishBody(self.epoch.number, reason)
         return [self._out.make(o, self.epoch.number, body) for o in sorted(self.live)]

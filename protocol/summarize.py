@@ -26,7 +26,7 @@ after ``max_epochs`` epochs in any case.
 
 Transition tables
 -----------------
-Owner:   (new, setup) -> awaiting_validation; (awaiting_validation, validation) -> idle;
+Owner:   (any, setup) -> awaiting_validation; (awaiting_validation, validation) -> idle;
          (idle | bidding, epoch) -> bidding [sends bid or pass]; (bidding, ask) -> bidding
          [sends deliver]; (any but new, finish) -> finished.
 Curator: (bidding, bid | pass) -> bidding / asking; (asking, deliver) -> asking / bidding / done;
@@ -58,6 +58,7 @@ from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
 __all__ = ["Owner"]
 
 F64 = npt.NDArray[np.float64]
+_OWNER_STATES = ("new", "awaiting_validation", "idle", "bidding", "finished")
 
 
 @dataclass
@@ -100,7 +101,8 @@ class Owner:
         self.epochs_seen = 0
         self.asks = 0
         self._table: dict[tuple[str, str], Handler] = {
-            ("new", "summary.setup"): self._on_setup,
+            # setup is accepted in every state: a resumed run re-sends it to returning owners
+            **{(state, "summary.setup"): self._on_setup for state in _OWNER_STATES},
             ("awaiting_validation", "summary.validation"): self._on_validation,
             ("idle", "summary.epoch"): self._on_epoch,
             ("bidding", "summary.epoch"): self._on_epoch,

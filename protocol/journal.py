@@ -1,0 +1,157 @@
+"""Snapshot and restore of a Curator, so a crashed or refused run resumes without new noise.
+
+A snapshot is a JSON-safe dict holding everything the curator has decided or released: the
+parameters, the releases (g_tilde and the open epoch's g_l), the summary with provenance, the
+auction state of the open epoch, the bookkeeping, the privacy ledgers, the MWEM state and the
+noise generator's state. Restoring it and calling :meth:`Curator.resume` re-sends the journaled
+releases instead of drawing fresh noise, and reuses an auction that already ran, so a crash or a
+refusal never spends privacy budget twice. The validation and seed sets are not journaled: the
+caller supplies them again (they are the consumer's and the public's data, not run state).
+
+Arrays are stored as base64 of their little-endian bytes with dtype and shape, so a restore is
+bit-exact. The snapshot is the curator's private state (it holds the summary points); it must be
+stored where only the curator can read it.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dpmarket.protocol.accounting import PrivacyLedger
+from dpmarket.protocol.auction import TransferCounter
+from dpmarket.protocol.curator import Curator, CuratorParams, Provenance, _Epoch
+from dpmarket.protocol.messages import BidBody, DeliverBody
+
+__all__ = ["JOURNAL_VERSION", "restore_curator", "snapshot_curator"]
+
+JOURNAL_VERSION = 1
+
+
+def _arr(a: npt.NDArray[Any] | None) -> dict[str, Any] | None:
+    if a is None:
+        return None
+    a = np.ascontiguousarray(a)
+    return {
+        "dtype": a.dtype.str,
+        "shape": list(a.shape),
+        "b64": base64.b64encode(a.tobytes()).decode("ascii"),
+    }
+
+
+def _unarr(d: dict[str, Any] | None) -> npt.NDArray[Any] | None:
+    if d is None:
+        return None
+    raw = base64.b64decode(d["b64"])
+    return np.frombuffer(raw, dtype=np.dtype(d["dtype"])).reshape(d["shape"]).copy()
+
+
+def _need(d: dict[str, Any] | None) -> npt.NDArray[Any]:
+    out = _unarr(d)
+    if out is None:
+        raise ValueError("journal: a required array is missing")
+    return out
+
+
+def _epoch_state(ep: _Epoch) -> dict[str, Any]:
+    return {
+        "number": ep.number,
+        "g_summary": _arr(ep.g_summary),
+        "q": ep.q,
+        "bids": {o: [b.token, b.bid] for o, b in ep.bids.items()},
+        "passed": sorted(ep.passed),
+        "asked": sorted(ep.asked),
+        "answered": sorted(ep.answered),
+        "decided": ep.decided,
+        "verified": {
+            o: {
+                "bid": bid,
+                "token": body.token,
+                "point": _arr(body.point),
+                "hashed": _arr(body.hashed),
+                "label": body.label,
+            }
+            for o, (bid, body) in ep.verified.items()
+        },
+    }
+
+
+def _restore_epoch(d: dict[str, Any]) -> _Epoch:
+    ep = _Epoch(d["number"], _need(d["g_summary"]), d["q"])
+    ep.bids = {o: BidBody(int(t), float(b)) for o, (t, b) in d["bids"].items()}
+    ep.passed, ep.asked, ep.answered = set(d["passed"]), set(d["asked"]), set(d["answered"])
+    ep.decided = bool(d["decided"])
+    for o, v in d["verified"].items():
+        body = DeliverBody(v["token"], _unarr(v["point"]), _unarr(v["hashed"]), v["label"])
+        ep.verified[o] = (float(v["bid"]), body)
+    return ep
+
+
+def snapshot_curator(c: Curator) -> dict[str, Any]:
+    """Everything needed to continue ``c`` exactly where it stands (JSON-safe)."""
+    mwem = c._h2
+    return {
+        "journal_version": JOURNAL_VERSION,
+        "run": c.run,
+        "owners": list(c.owners),
+        "params": dataclasses.asdict(c.params),
+        "state": c.state,
+        "reason": c.reason,
+        "refusal": dict(c.refusal),
+        "lost": dict(c.lost),
+        "live": sorted(c.live),
+        "seq": c._out._seq,
+        "rng": c._rng.bit_generator.state,
+        "g_validation": _arr(c._g_validation),
+        "summary_H": [_arr(h) for h in c._summary_H],
+        "summary_X": [_arr(x) for x in c._summary_X],
+        "labels": list(c._labels),
+        "members": sorted([o, t] for o, t in c._members),
+        "provenance": [dataclasses.asdict(p) for p in c.provenance],
+        "times_bid": [[o, t, n] for (o, t), n in sorted(c._times_bid.items())],
+        "deliveries": [[o, t, n] for (o, t), n in sorted(c.transfers.deliveries.items())],
+        "value": dict(c.value),
+        "dropped": [list(x) for x in c.dropped],
+        "rejected": [list(x) for x in c.rejected],
+        "late_frames": c.late_frames,
+        "epoch": _epoch_state(c.epoch),
+        "ledgers": {k: v.to_dict() for k, v in c.ledgers.items()},
+        "mwem_logp": _arr(mwem._logp),
+    }
+
+
+def restore_curator(
+    snapshot: dict[str, Any], validation: npt.ArrayLike, seed_set: npt.ArrayLike
+) -> Curator:
+    """Rebuild the curator of ``snapshot``; call :meth:`Curator.resume` to continue the run."""
+    if snapshot.get("journal_version") != JOURNAL_VERSION:
+        raise ValueError(f"journal: unsupported version {snapshot.get('journal_version')!r}")
+    params = CuratorParams(**snapshot["params"])
+    rng = np.random.Generator(np.random.PCG64())
+    rng.bit_generator.state = snapshot["rng"]
+    c = Curator(snapshot["run"], list(snapshot["owners"]), validation, seed_set, params, rng)
+    c.state, c.reason = snapshot["state"], snapshot["reason"]
+    c.refusal, c.lost = dict(snapshot["refusal"]), dict(snapshot["lost"])
+    c.live = set(snapshot["live"])
+    c._out._seq = int(snapshot["seq"])
+    c._g_validation = _need(snapshot["g_validation"])
+    c._summary_H = [_need(h) for h in snapshot["summary_H"]]
+    c._summary_X = [_need(x) for x in snapshot["summary_X"]]
+    c._labels = [float(v) for v in snapshot["labels"]]
+    c._members = {(o, int(t)) for o, t in snapshot["members"]}
+    c.provenance = [Provenance(**p) for p in snapshot["provenance"]]
+    c._times_bid = {(o, int(t)): int(n) for o, t, n in snapshot["times_bid"]}
+    c.transfers = TransferCounter({(o, int(t)): int(n) for o, t, n in snapshot["deliveries"]})
+    c.value = {k: float(v) for k, v in snapshot["value"].items()}
+    c.dropped = [(int(e), o, ph) for e, o, ph in snapshot["dropped"]]
+    c.rejected = [(int(e), o, why) for e, o, why in snapshot["rejected"]]
+    c.late_frames = int(snapshot["late_frames"])
+    c.epoch = _restore_epoch(snapshot["epoch"])
+    c.ledgers = {k: PrivacyLedger.from_dict(v) for k, v in snapshot["ledgers"].items()}
+    c._h2._logp = _unarr(snapshot["mwem_logp"])
+    c.checkpoint_due = False
+    return c

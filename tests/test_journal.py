@@ -1,0 +1,159 @@
+"""T-tolerance refusal, journal snapshots and resume without spending budget twice."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from dpmarket.actors.transport import FaultPlan, LoopbackTransport
+from dpmarket.protocol.curator import Curator, CuratorParams
+from dpmarket.protocol.errors import LocalProtocolError
+from dpmarket.protocol.journal import restore_curator, snapshot_curator
+from dpmarket.protocol.summarize import Owner
+from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
+
+RUN = "journal-run"
+
+
+@pytest.fixture(scope="module")
+def scenario() -> Scenario:
+    return gaussian_mixture_shift(
+        np.random.default_rng(11),
+        n_points=800,
+        n_owners=4,
+        n_components=4,
+        dim=4,
+        n_validation=40,
+        n_test=100,
+        n_seed=20,
+    )
+
+
+def _params(scenario: Scenario, **kw: object) -> CuratorParams:
+    base = CuratorParams(
+        p=10,
+        d=32,
+        gamma=scenario.gamma,
+        h1_seed=1,
+        eps_validation=1.0,
+        validation_iterations=200,
+        seed_iterations=200,
+        eps_summary=1.0,
+        summary_iterations=10,
+        eps_auction=0.5,
+        tau=2,
+        max_lost=1,
+    )
+    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+
+
+def _owners(scenario: Scenario) -> list[Owner]:
+    return [
+        Owner(n, RUN, X, y) for n, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
+    ]
+
+
+def _run(curator: Curator, owners: list[Owner], faults: FaultPlan | None, first: list) -> None:
+    transport = LoopbackTransport([curator, *owners], faults=faults)
+    transport.send(first)
+    transport.run_until(lambda: curator.state in ("done", "refused"))
+
+
+def _counts(curator: Curator, party: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in curator.ledgers[party].events:
+        out[e.label] = out.get(e.label, 0) + e.count
+    return out
+
+
+def test_losing_up_to_t_owners_is_tolerated(scenario: Scenario) -> None:
+    curator = Curator(
+        RUN,
+        list(scenario.owner_names),
+        scenario.validation,
+        scenario.seed_set,
+        _params(scenario),
+        np.random.default_rng(0),
+    )
+    faults = FaultPlan(kill_at={scenario.owner_names[0]: 2})
+    _run(curator, _owners(scenario), faults, curator.start())
+    assert curator.state == "done" and len(curator.provenance) == 10
+    assert list(curator.lost) == [scenario.owner_names[0]]
+
+
+def test_refusal_above_t_then_resume_without_new_noise(scenario: Scenario) -> None:
+    names = list(scenario.owner_names)
+    curator = Curator(
+        RUN,
+        names,
+        scenario.validation,
+        scenario.seed_set,
+        _params(scenario),
+        np.random.default_rng(1),
+    )
+    faults = FaultPlan(kill_at={names[0]: 4, names[1]: 4})
+    _run(curator, _owners(scenario), faults, curator.start())
+    assert curator.state == "refused"
+    assert "2 owner(s) lost" in curator.reason and names[0] in curator.reason
+    assert curator.refusal["epoch"] == 4
+    refused_at = len(curator.provenance)
+    before = _counts(curator, names[2])
+    g_open = curator.epoch.g_summary.copy()
+
+    snap = json.loads(json.dumps(snapshot_curator(curator)))  # through JSON, as on disk
+    resumed = restore_curator(snap, scenario.validation, scenario.seed_set)
+    assert resumed.state == "refused" and len(resumed.provenance) == refused_at
+    np.testing.assert_array_equal(resumed.epoch.g_summary, g_open)
+    assert _counts(resumed, names[2]) == before  # ledger restored, not re-charged
+
+    first = resumed.resume()
+    epoch_bodies = [m.body for m in first if m.kind == "summary.epoch"]
+    assert all(np.array_equal(b.g_summary, g_open) for b in epoch_bodies)  # re-sent as journaled
+    assert _counts(resumed, names[2]) == before  # resuming drew no noise
+    _run(resumed, _owners(scenario), None, first)
+    assert resumed.state == "done" and len(resumed.provenance) == 10
+    after = _counts(resumed, names[2])
+    releases = len(resumed.provenance) - 1
+    assert after["h2(summary) measure"] == releases * 10  # one charge per release, in total
+    assert after["auction step"] == resumed.epoch.number  # one charge per epoch's auction
+    val = _counts(resumed, "validation")
+    assert val["h2(validation) measure"] == 200  # the validation release was never redrawn
+
+
+def test_snapshot_round_trip_is_exact(scenario: Scenario) -> None:
+    curator = Curator(
+        RUN,
+        list(scenario.owner_names),
+        scenario.validation,
+        scenario.seed_set,
+        _params(scenario, p=4),
+        np.random.default_rng(2),
+    )
+    _run(curator, _owners(scenario), None, curator.start())
+    snap = snapshot_curator(curator)
+    again = snapshot_curator(
+        restore_curator(json.loads(json.dumps(snap)), scenario.validation, scenario.seed_set)
+    )
+    assert again == snap
+
+
+def test_resume_refuses_a_finished_run(scenario: Scenario) -> None:
+    curator = Curator(
+        RUN,
+        list(scenario.owner_names),
+        scenario.validation,
+        scenario.seed_set,
+        _params(scenario, p=2),
+        np.random.default_rng(3),
+    )
+    _run(curator, _owners(scenario), None, curator.start())
+    with pytest.raises(LocalProtocolError, match="nothing to resume"):
+        curator.resume()
+
+
+def test_bad_journal_version_is_refused(scenario: Scenario) -> None:
+    with pytest.raises(ValueError, match="unsupported version"):
+        restore_curator({"journal_version": 99}, scenario.validation, scenario.seed_set)
