@@ -7,6 +7,7 @@ loopback transport, kicks the curator off and waits until it is done.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -18,7 +19,7 @@ from dpmarket.protocol.objective import greedy_exact, greedy_hashed, uniform_sam
 from dpmarket.protocol.summarize import Owner
 from dpmarket.streams.synthetic import Scenario
 
-__all__ = ["Baselines", "InProcessRun", "baselines", "run_inprocess"]
+__all__ = ["Baselines", "InProcessRun", "baselines", "run_inprocess", "run_ray"]
 
 
 @dataclass
@@ -72,3 +73,49 @@ def baselines(
     hashed = greedy_hashed(h1(X), h1(scenario.validation), p)
     uniform = uniform_sample(owner_of, p, rng)
     return Baselines((X[exact], y[exact]), (X[hashed], y[hashed]), (X[uniform], y[uniform]))
+
+
+def run_ray(
+    scenario: Scenario,
+    params: CuratorParams,
+    seed: int,
+    faults: FaultPlan | None = None,
+    run_id: str = "run",
+    journal: str | None = None,
+    snapshot: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run Algorithm 3 with every party in its own Ray actor (Ray must be connected).
+
+    The curator actor is placed on this (the driver's) node so its journal lands where the
+    driver can read it. Slow owners (``faults.delay``) wait that long before every reply.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from dpmarket.actors.curator import CuratorActor
+    from dpmarket.actors.owner import OwnerActor
+
+    faults = faults or FaultPlan()
+    handles = {
+        name: OwnerActor.options(name=f"{run_id}-{name}").remote(  # type: ignore[attr-defined]
+            name, run_id, X, y, faults.delay.get(name, 0.0)
+        )
+        for name, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
+    }
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    curator = CuratorActor.options(scheduling_strategy=here).remote(  # type: ignore[attr-defined]
+        run_id,
+        list(scenario.owner_names),
+        scenario.validation,
+        scenario.seed_set,
+        params,
+        seed,
+        journal,
+        snapshot,
+    )
+    try:
+        payload: dict[str, Any] = ray.get(curator.run.remote(handles, faults))
+    finally:
+        for handle in [curator, *handles.values()]:
+            ray.kill(handle)
+    return payload

@@ -13,12 +13,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dpmarket.protocol.errors import RemoteProtocolError
 from dpmarket.protocol.messages import Message, ReplayGuard, decode, encode
 from dpmarket.protocol.parties import Party
 
-__all__ = ["FaultPlan", "LoopbackTransport", "TransportStalled"]
+__all__ = ["FaultPlan", "LoopbackTransport", "RayTransport", "TransportStalled"]
 
 
 class TransportStalled(RuntimeError):
@@ -119,3 +120,112 @@ class LoopbackTransport:
             if not self.step():
                 self.now += self.idle_step
             self.tick()
+
+
+class RayTransport:
+    """Delivers a driving party's frames to Ray actors and feeds their replies back to it.
+
+    Runs inside an async actor (the curator's). Frames for each recipient go out as one
+    ``handle.remote(frames)`` call; replies are awaited with ``asyncio.wait`` up to the driving
+    party's deadline (never ``ray.get`` in async code). A recipient whose call raises
+    ``RayActorError`` is known dead and is reported to the party at once through ``lose``; a
+    recipient that simply does not answer in time is dropped when the party's deadline fires.
+    Late replies of an earlier phase are still handed to the party, which counts them as late.
+    """
+
+    def __init__(
+        self,
+        handles: dict[str, Any],
+        faults: FaultPlan | None = None,
+        clock: Callable[[], float] | None = None,
+        poll: float = 0.05,
+    ) -> None:
+        import time
+
+        self.handles = dict(handles)
+        self.faults = faults or FaultPlan()
+        self.clock = clock or time.monotonic
+        self.poll = poll
+        self.guard = ReplayGuard()
+        self.errors: list[tuple[str, str]] = []
+        self.dead: set[str] = set()
+        self.frames_sent = 0
+        self.bytes_sent = 0
+        self.calls = 0
+
+    async def drive(
+        self,
+        party: Any,
+        first: list[Message],
+        until: Callable[[], bool],
+        on_step: Callable[[], None] | None = None,
+    ) -> None:
+        """Run ``party`` (with ``receive``, ``expire``, ``lose``, ``deadline``) until ``until()``;
+        ``on_step`` runs after every state change of the party (the curator journals there)."""
+        import asyncio
+
+        import ray
+
+        outbox = list(first)
+        pending: dict[asyncio.Future[Any], str] = {}
+        while not until():
+            self._dispatch(outbox, pending)
+            outbox = list(party.expire(self.clock()))
+            if on_step is not None:
+                on_step()
+            if outbox or until():
+                continue
+            timeout = self.poll
+            if party.deadline is not None:
+                timeout = max(0.0, min(party.deadline - self.clock(), 60.0)) + 1e-3
+            if not pending:
+                await asyncio.sleep(timeout)
+                continue
+            done, _ = await asyncio.wait(
+                pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            for fut in done:
+                owner = pending.pop(fut)
+                try:
+                    frames = fut.result()
+                except ray.exceptions.RayActorError:
+                    self.dead.add(owner)
+                    outbox.extend(party.lose({owner}))
+                    continue
+                outbox.extend(self._receive(party, frames))
+                if on_step is not None:
+                    on_step()
+
+    def _dispatch(self, outbox: list[Message], pending: dict[Any, str]) -> None:
+        import asyncio
+
+        import ray
+
+        by_recipient: dict[str, list[bytes]] = {}
+        for msg in outbox:
+            if self.faults.drop is not None and self.faults.drop(msg):
+                continue
+            if self.faults.is_dead(msg.recipient, msg.round) and msg.recipient not in self.dead:
+                ray.kill(self.handles[msg.recipient], no_restart=True)
+                self.dead.add(msg.recipient)
+            frame = encode(msg)
+            self.frames_sent += 1
+            self.bytes_sent += len(frame)
+            by_recipient.setdefault(msg.recipient, []).append(frame)
+        for recipient, frames in sorted(by_recipient.items()):
+            handle = self.handles.get(recipient)
+            if handle is None:
+                self.errors.append((recipient, "no actor for this recipient"))
+                continue
+            self.calls += 1
+            ref = handle.handle.remote(frames)
+            pending[asyncio.ensure_future(ref)] = recipient
+
+    def _receive(self, party: Any, frames: list[bytes]) -> list[Message]:
+        out: list[Message] = []
+        for frame in frames:
+            try:
+                out.extend(party.receive(decode(frame, self.guard)))
+            except RemoteProtocolError as exc:
+                self.errors.append((party.name, str(exc)))
+        return out

@@ -279,15 +279,29 @@ class Curator:
             return []
         if now < ep.deadline:
             return []
-        phase = self.state
-        waiting = self._waiting()
-        for owner in sorted(waiting):
+        return self.lose(self._waiting())
+
+    @property
+    def deadline(self) -> float | None:
+        """When the open phase's deadline fires (None: not armed yet, or no phase open)."""
+        return self.epoch.deadline if self.state in ("bidding", "asking") else None
+
+    def lose(self, owners: set[str]) -> list[Message]:
+        """Count ``owners`` as dropped now (deadline missed, or their process is known dead):
+        the run goes on without them while lost + colluding <= T, and refuses otherwise."""
+        ep, phase = self.epoch, self.state
+        owners = owners & self.live
+        if phase not in ("bidding", "asking"):
+            return []
+        for owner in sorted(owners):
             self.dropped.append((ep.number, owner, phase))
             self.lost.setdefault(owner, ep.number)
-        self.live -= waiting
+        self.live -= owners
         budget = self.params.max_lost
         if budget is not None and len(self.lost) + self.params.known_colluders > budget:
             return self._refuse(phase)
+        if self._waiting():
+            return []
         return self._close_bidding() if phase == "bidding" else self._close_asking()
 
     def _refuse(self, phase: str) -> list[Message]:
@@ -369,7 +383,7 @@ class Curator:
         ep = self.epoch
         if self.state == "bidding":
             return self.live - set(ep.bids) - ep.passed
-        return ep.asked - ep.answered
+        return (ep.asked - ep.answered) & self.live
 
     def _on_bid(self, msg: Message) -> list[Message]:
         body = body_of(msg, BidBody)

@@ -1,0 +1,29 @@
+"""Connecting to Ray: an embedded local instance by default, or a cluster by address.
+
+Order of precedence: an explicit ``address`` argument (``"auto"`` joins the cluster this machine
+belongs to), then the ``RAY_ADDRESS`` environment variable, then a new local instance sized to
+this machine (``num_cpus`` = the cores the OS reports).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+
+__all__ = ["connect"]
+
+
+def connect(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
+    """Start or join Ray once per process; return what was connected to."""
+    if ray.is_initialized():
+        return {"address": "already connected", "resources": ray.cluster_resources()}  # type: ignore[no-untyped-call]
+    target = address or os.environ.get("RAY_ADDRESS")
+    common: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
+    if target:
+        ray.init(address=target, **common)
+    else:
+        cpus = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
+        ray.init(num_cpus=cpus, include_dashboard=False, **common)
+    return {"address": target or "local", "resources": ray.cluster_resources()}  # type: ignore[no-untyped-call]

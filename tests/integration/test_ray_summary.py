@@ -1,0 +1,115 @@
+"""The summarisation parties hosted in Ray actors: same result as in-process, faults, resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpmarket.actors.runner import run_inprocess, run_ray
+from dpmarket.actors.transport import FaultPlan
+from dpmarket.protocol.curator import CuratorParams
+from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
+
+
+@pytest.fixture(scope="module")
+def scenario() -> Scenario:
+    return gaussian_mixture_shift(
+        np.random.default_rng(21),
+        n_points=900,
+        n_owners=4,
+        n_components=4,
+        dim=4,
+        n_validation=40,
+        n_test=100,
+        n_seed=20,
+    )
+
+
+def _params(scenario: Scenario, **kw: object) -> CuratorParams:
+    base = CuratorParams(
+        p=8,
+        d=32,
+        gamma=scenario.gamma,
+        h1_seed=2,
+        eps_validation=1.0,
+        validation_iterations=200,
+        seed_iterations=200,
+        eps_summary=1.0,
+        summary_iterations=10,
+        eps_auction=0.5,
+        tau=2,
+        phase_timeout=2.0,
+    )
+    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_ray_and_loopback_give_the_same_summary(scenario: Scenario) -> None:
+    params = _params(scenario)
+    loop = run_inprocess(scenario, params, np.random.default_rng(5), run_id="eq").result
+    ray_run = run_ray(scenario, params, seed=5, run_id="eq")
+    assert ray_run["state"] == "done"
+    assert [(p["owner"], p["token"]) for p in ray_run["provenance"]] == [
+        (p.owner, p.token) for p in loop.provenance
+    ]
+    np.testing.assert_array_equal(ray_run["points"], loop.points)
+    assert ray_run["ledgers"] == {k: v.to_dict() for k, v in loop.ledgers.items()}
+
+
+def test_killed_owner_actor_is_dropped_and_the_run_completes(scenario: Scenario) -> None:
+    victim = scenario.owner_names[0]
+    res = run_ray(
+        scenario,
+        _params(scenario, max_lost=1),
+        seed=6,
+        run_id="kill",
+        faults=FaultPlan(kill_at={victim: 3}),
+    )
+    assert res["state"] == "done" and len(res["provenance"]) == 8
+    assert res["lost"] == {victim: 3} and victim in res["transport"]["dead"]
+
+
+def test_slow_owner_misses_the_deadline(scenario: Scenario) -> None:
+    slow = scenario.owner_names[1]
+    res = run_ray(
+        scenario,
+        _params(scenario, phase_timeout=0.5),
+        seed=7,
+        run_id="slow",
+        faults=FaultPlan(delay={slow: 3.0}),
+    )
+    assert res["state"] == "done"
+    assert slow in res["lost"]
+    assert all(p["owner"] != slow for p in res["provenance"])
+
+
+def test_refusal_above_t_journals_and_resumes(scenario: Scenario, tmp_path: Path) -> None:
+    names = scenario.owner_names
+    journal = tmp_path / "journal.json"
+    faults = FaultPlan(kill_at={names[0]: 3, names[1]: 3})
+    res = run_ray(
+        scenario,
+        _params(scenario, max_lost=1),
+        seed=8,
+        run_id="refuse",
+        faults=faults,
+        journal=str(journal),
+    )
+    assert res["state"] == "refused" and res["refusal"]["epoch"] == 3
+    snapshot = json.loads(journal.read_text())
+    assert snapshot["state"] == "refused"
+    resumed = run_ray(
+        scenario,
+        _params(scenario, max_lost=1),
+        seed=8,
+        run_id="refuse",
+        journal=str(journal),
+        snapshot=snapshot,
+    )
+    assert resumed["state"] == "done" and len(resumed["provenance"]) == 8
+    assert json.loads(journal.read_text())["state"] == "done"
