@@ -1,4 +1,9 @@
-"""The ``dpmarket`` command line."""
+"""The ``dpmarket`` command line.
+
+Exit codes: 0 success; 2 bad configuration or input (the message names the file and key);
+3 refused by T-tolerance (more owners lost or colluding than T; resume when they are back);
+1 or other non-zero: internal error.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,12 @@ import json
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from dpmarket.actors.config import ConfigError, DemoConfig, load_demo_config
+from dpmarket.actors.config import ConfigError, DemoConfig, load_demo_config, load_market_config
 from dpmarket.actors.evaluate import EvaluationTable, evaluate
 from dpmarket.actors.scenarios import digits_split
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
@@ -65,6 +72,44 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _market(args: argparse.Namespace) -> int:
+    from dpmarket.actors.market import resume_market, run_market
+
+    if args.command == "resume":
+        outcome = resume_market(Path(args.out), args.address)
+    else:
+        config = load_market_config(args.config, args.set)
+        if args.command == "validate":
+            print(json.dumps(config.public_record(), indent=2, default=str))
+            print(f"{args.config}: valid", file=sys.stderr)
+            return 0
+        outcome = run_market(config, Path(args.out) if args.out else None, args.address)
+    if outcome.report is not None:
+        _print_report(outcome.report)
+    print(outcome.message, file=sys.stderr if outcome.exit_code else sys.stdout)
+    return outcome.exit_code
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    outcome, parsimony = report["outcome"], report["parsimony"]
+    print(f"state {outcome['state']} after {outcome['epochs']} epochs: {outcome['reason']}")
+    print(
+        f"summary {parsimony['summary_size']} points; curator saw {parsimony['distinct_points']} "
+        f"distinct points in {parsimony['total_transfers']} transfers (rho {parsimony['rho']:.2f})"
+    )
+    delta = report["privacy"]["delta"]
+    print(f"{'protected party':<16} {'eps (PLD)':>10} {'Theorem 7':>10} {'paper count':>12}")
+    for party, entry in report["privacy"]["parties"].items():
+        cells = [entry[k] for k in ("pld", "theorem7", "paper")]
+        text = ["inf" if v is None else f"{v:.3f}" for v in cells]
+        print(f"{party:<16} {text[0]:>10} {text[1]:>10} {text[2]:>12}   (delta {delta:g})")
+    for name, row in report.get("utility", {}).items():
+        print(f"utility {name:<8} MMD^2 {row['mmd2']:.5f}  LinearSVC {row['svm_accuracy']:.3f}")
+    lost = report["faults"]["lost"]
+    if lost:
+        print(f"tolerated: owners lost {lost}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpmarket", description=__doc__)
     parser.add_argument("--version", action="version", version=f"dpmarket {_version()}")
@@ -73,6 +118,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--config", help="TOML file (see configs/demo.toml)")
     demo.add_argument("--quick", action="store_true", help="one seed, the first two sizes")
     demo.set_defaults(func=_demo)
+    for name, text in (
+        ("run", "run a market on Ray (embedded local instance unless --address)"),
+        ("simulate", "run a simulated market with the faults its config declares"),
+        ("validate", "check a configuration file and print what it records"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("config", help="TOML market configuration (see configs/)")
+        cmd.add_argument("--out", help="output directory (default: [run].out)")
+        cmd.add_argument("--address", help="Ray address, or 'auto' (default: RAY_ADDRESS/local)")
+        cmd.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="SECTION.KEY=VALUE",
+            help="override a configuration value (TOML syntax), repeatable",
+        )
+        cmd.set_defaults(func=_market)
+    resume = sub.add_parser("resume", help="continue a refused or crashed run from OUT/.journal")
+    resume.add_argument("out", help="the output directory of the run")
+    resume.add_argument("--address", help="Ray address, or 'auto'")
+    resume.set_defaults(func=_market)
     return parser
 
 
@@ -83,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as exc:
         print(f"dpmarket: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"dpmarket: bad input: {exc}", file=sys.stderr)
         return 2
 
 

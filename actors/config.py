@@ -14,7 +14,14 @@ from typing import Any
 
 from dpmarket.protocol.curator import CuratorParams
 
-__all__ = ["ConfigError", "DemoConfig", "load_demo_config"]
+__all__ = [
+    "ConfigError",
+    "DemoConfig",
+    "FaultConfig",
+    "MarketConfig",
+    "load_demo_config",
+    "load_market_config",
+]
 
 _SCENARIOS = ("digits", "synthetic")
 
@@ -75,3 +82,171 @@ def load_demo_config(path: str | Path) -> DemoConfig:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[summary]: {exc}") from None
     return config
+
+
+# ------------------------------------------------------------------------ the market run
+_MARKET_SECTIONS = {
+    "run": {"name", "seed", "out", "deadline_seconds"},
+    "market": {"owners", "compute_nodes", "tolerance", "summary_size"},
+    "data": {
+        "source",
+        "n_points",
+        "dim",
+        "components",
+        "concentration",
+        "n_validation",
+        "n_test",
+        "n_seed",
+    },
+    "privacy": {"delta"},
+    "summary": {f.name for f in dataclasses.fields(CuratorParams)}
+    - {"p", "gamma", "h1_seed", "phase_timeout", "max_lost", "known_colluders"},
+    "faults": {"kill", "slow", "colluders", "kill_curator_at"},
+}
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Simulated faults: owners killed at an epoch, slow owners (seconds of delay per reply),
+    colluding owners, and the epoch at which the curator process is killed (then resumed)."""
+
+    kill: dict[str, int] = field(default_factory=dict)
+    slow: dict[str, float] = field(default_factory=dict)
+    colluders: tuple[str, ...] = ()
+    kill_curator_at: int | None = None
+
+
+@dataclass(frozen=True)
+class MarketConfig:
+    """Everything public about one market run (K, M, T, p, budgets, kernel, data, faults)."""
+
+    source: str
+    name: str = "run"
+    seed: int = 0
+    out: str = "out/run"
+    deadline_seconds: float = 5.0
+    owners: int = 5
+    compute_nodes: int = 3
+    tolerance: int = 1
+    summary_size: int = 50
+    data: dict[str, Any] = field(default_factory=dict)
+    delta: float = 1e-5
+    overrides: dict[str, Any] = field(default_factory=dict)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    path: str = "<memory>"
+
+    @property
+    def owner_names(self) -> tuple[str, ...]:
+        return tuple(f"owner-{k + 1}" for k in range(self.owners))
+
+    def curator_params(self, gamma: float) -> CuratorParams:
+        """The curator's parameters: the config's overrides over the chosen defaults."""
+        base = CuratorParams(
+            p=self.summary_size,
+            gamma=gamma,
+            h1_seed=self.seed,
+            phase_timeout=self.deadline_seconds,
+            max_lost=self.tolerance,
+            known_colluders=len(self.faults.colluders),
+        )
+        return dataclasses.replace(base, **self.overrides)
+
+    def public_record(self) -> dict[str, Any]:
+        """The configuration as recorded in report.json (all of it is public)."""
+        record = dataclasses.asdict(self)
+        record["faults"] = dataclasses.asdict(self.faults)
+        return record
+
+
+def _int(path: str, key: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{path}: {key}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _number(path: str, key: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
+        raise ConfigError(f"{path}: {key}: expected a number in ({low}, {high}), got {value!r}")
+    return float(value)
+
+
+def _faults(path: str, table: dict[str, Any], owners: tuple[str, ...]) -> FaultConfig:
+    kill = table.get("kill", {})
+    slow = table.get("slow", {})
+    colluders = table.get("colluders", [])
+    for key, mapping in (("kill", kill), ("slow", slow)):
+        if not isinstance(mapping, dict):
+            raise ConfigError(f"{path}: [faults].{key}: expected a table of owner = value")
+        unknown = sorted(set(mapping) - set(owners))
+        if unknown:
+            raise ConfigError(f"{path}: [faults].{key}: unknown owners {unknown}")
+    if not isinstance(colluders, list) or not set(colluders) <= set(owners):
+        raise ConfigError(f"{path}: [faults].colluders: expected a list of owner names")
+    at = table.get("kill_curator_at")
+    return FaultConfig(
+        kill={o: _int(path, f"[faults].kill.{o}", e, 1) for o, e in kill.items()},
+        slow={o: _number(path, f"[faults].slow.{o}", s, 0.0, 3600.0) for o, s in slow.items()},
+        colluders=tuple(colluders),
+        kill_curator_at=None if at is None else _int(path, "[faults].kill_curator_at", at, 1),
+    )
+
+
+def load_market_config(path: str | Path, sets: list[str] | None = None) -> MarketConfig:
+    """Parse a market run TOML file; ``sets`` are ``section.key=value`` overrides (TOML values)."""
+    name = str(path)
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
+    for item in sets or []:
+        _apply_set(name, data, item)
+    _check_keys(f"{name}: top level", data, set(_MARKET_SECTIONS))
+    for section, allowed in _MARKET_SECTIONS.items():
+        _check_keys(f"{name}: {section}", data.get(section, {}), allowed)
+    run, market = data.get("run", {}), data.get("market", {})
+    source = data.get("data", {}).get("source", "synthetic")
+    if source not in _SCENARIOS:
+        raise ConfigError(f"{name}: [data].source: {source!r} is not one of {list(_SCENARIOS)}")
+    K = _int(name, "[market].owners", market.get("owners", 5), 1)
+    T = _int(name, "[market].tolerance", market.get("tolerance", 1), 0)
+    if T >= K:
+        raise ConfigError(f"{name}: [market].tolerance: T = {T} must be below owners = {K}")
+    owners = tuple(f"owner-{k + 1}" for k in range(K))
+    config = MarketConfig(
+        source=source,
+        name=str(run.get("name", Path(path).stem)),
+        seed=_int(name, "[run].seed", run.get("seed", 0), 0),
+        out=str(run.get("out", f"out/{Path(path).stem}")),
+        deadline_seconds=_number(
+            name, "[run].deadline_seconds", run.get("deadline_seconds", 5.0), 0.0, 3600.0
+        ),
+        owners=K,
+        compute_nodes=_int(name, "[market].compute_nodes", market.get("compute_nodes", 3), 1),
+        tolerance=T,
+        summary_size=_int(name, "[market].summary_size", market.get("summary_size", 50), 1),
+        data={k: v for k, v in data.get("data", {}).items() if k != "source"},
+        delta=_number(
+            name, "[privacy].delta", data.get("privacy", {}).get("delta", 1e-5), 0.0, 1.0
+        ),
+        overrides=dict(data.get("summary", {})),
+        faults=_faults(name, data.get("faults", {}), owners),
+        path=name,
+    )
+    try:
+        config.curator_params(gamma=1.0)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: [summary]: {exc}") from None
+    return config
+
+
+def _apply_set(path: str, data: dict[str, Any], item: str) -> None:
+    """Apply one ``section.key=value`` override; the value is parsed as TOML."""
+    key, sep, raw = item.partition("=")
+    section, dot, leaf = key.strip().partition(".")
+    if not sep or not dot or not leaf:
+        raise ConfigError(f"--set {item!r}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()  # a bare word is taken as a string
+    data.setdefault(section, {})[leaf] = value

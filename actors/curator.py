@@ -69,6 +69,16 @@ class CuratorActor:
             write_json_atomic(self._journal, snapshot_curator(self._curator))
             self._curator.checkpoint_due = False
 
+    async def progress(self) -> dict[str, Any]:
+        """Where the run stands (served while ``run`` is in progress)."""
+        c = self._curator
+        return {
+            "state": c.state,
+            "epoch": c.epoch.number,
+            "summary_size": len(c.provenance),
+            "lost": sorted(c.lost),
+        }
+
     async def run(self, handles: dict[str, Any], faults: FaultPlan | None = None) -> dict[str, Any]:
         """Drive the run to completion or refusal; return the result as plain data."""
         curator = self._curator
