@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck unit bench-quick clean
+.PHONY: demo evaluate test lint typecheck unit bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/dpmarket demo --config configs/demo.toml
+	rm -rf out/demo
+	$(BIN)/dpmarket run configs/demo.toml --out out/demo
+
+evaluate: $(STAMP)
+	$(BIN)/dpmarket evaluate --config configs/evaluate.toml
 
 test: $(STAMP) lint typecheck unit
 

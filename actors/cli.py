@@ -102,7 +102,11 @@ def _print_report(report: dict[str, Any]) -> None:
     for party, entry in report["privacy"]["parties"].items():
         cells = [entry[k] for k in ("pld", "theorem7", "paper")]
         text = ["inf" if v is None else f"{v:.3f}" for v in cells]
-        print(f"{party:<16} {text[0]:>10} {text[1]:>10} {text[2]:>12}   (delta {delta:g})")
+        line = f"{party:<16} {text[0]:>10} {text[1]:>10} {text[2]:>12}   (delta {delta:g})"
+        if "against_colluders" in entry:
+            pooled = entry["against_colluders"]
+            line += f"; vs colluders {'inf' if pooled is None else f'{pooled:.3f}'}"
+        print(line)
     for name, row in report.get("utility", {}).items():
         print(f"utility {name:<8} MMD^2 {row['mmd2']:.5f}  LinearSVC {row['svm_accuracy']:.3f}")
     lost = report["faults"]["lost"]
@@ -114,8 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpmarket", description=__doc__)
     parser.add_argument("--version", action="version", version=f"dpmarket {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run private summarisation on the digits split in-process")
-    demo.add_argument("--config", help="TOML file (see configs/demo.toml)")
+    demo = sub.add_parser(
+        "evaluate", help="private summarisation vs baselines, in-process (configs/evaluate.toml)"
+    )
+    demo.add_argument("--config", help="TOML file (see configs/evaluate.toml)")
     demo.add_argument("--quick", action="store_true", help="one seed, the first two sizes")
     demo.set_defaults(func=_demo)
     for name, text in (

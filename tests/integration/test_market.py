@@ -30,9 +30,7 @@ SMALL = [
 
 def _run(tmp_path: Path, name: str, *extra: str) -> tuple[int, Path]:
     out = tmp_path / name
-    code = main(
-        ["run", str(ROOT / "configs" / "market-demo.toml"), "--out", str(out), *SMALL, *extra]
-    )
+    code = main(["run", str(ROOT / "configs" / "demo.toml"), "--out", str(out), *SMALL, *extra])
     return code, out
 
 
@@ -53,7 +51,7 @@ def test_run_writes_summary_report_and_plots(tmp_path: Path) -> None:
     for name in ("summary.csv", "summary.npz", "mmd_by_epoch.png", "privacy.png"):
         assert (out / name).stat().st_size > 0
     assert len((out / "summary.csv").read_text().splitlines()) == 13
-    assert main(["run", str(ROOT / "configs" / "market-demo.toml"), "--out", str(out)]) == 2
+    assert main(["run", str(ROOT / "configs" / "demo.toml"), "--out", str(out)]) == 2
 
 
 def test_up_to_t_owners_lost_is_tolerated(tmp_path: Path) -> None:
@@ -87,7 +85,7 @@ def test_curator_crash_is_resumed_from_the_journal(tmp_path: Path) -> None:
 
 
 def test_validate_and_bad_configs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", str(ROOT / "configs" / "market-demo.toml")]) == 0
+    assert main(["validate", str(ROOT / "configs" / "demo.toml")]) == 0
     bad = tmp_path / "bad.toml"
     bad.write_text("[market]\nowners = 3\ntolerance = 3\n")
     assert main(["validate", str(bad)]) == 2
