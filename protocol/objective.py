@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "bid_direction",
     "bid_to_gain",
     "greedy_exact",
     "greedy_hashed",
@@ -162,6 +163,18 @@ def _check_q(q: int) -> int:
     if isinstance(q, bool) or not isinstance(q, int | np.integer) or q < 0:
         raise ValueError(f"q must be a non-negative integer, got {q!r}")
     return int(q)
+
+
+def bid_direction(g_validation: npt.ArrayLike, g_summary: npt.ArrayLike, q: int) -> FloatArray:
+    """The vector ``g_v - q/(q+1) g_s`` every bid is an inner product with (see
+    :func:`hashed_bids`). Owners compute it once per epoch and score all their hashed points
+    with one matrix-vector product."""
+    qq = _check_q(q)
+    gv = _as_matrix("g_validation", np.reshape(g_validation, (1, -1)))[0]
+    if qq == 0:
+        return gv
+    gs = _as_matrix("g_summary", np.reshape(g_summary, (1, -1)), gv.shape[0])[0]
+    return np.asarray(gv - (qq / (qq + 1.0)) * gs, dtype=np.float64)
 
 
 def hashed_bids(

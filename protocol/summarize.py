@@ -52,7 +52,7 @@ from dpmarket.protocol.messages import (
     SetupBody,
     ValidationBody,
 )
-from dpmarket.protocol.objective import hashed_bids
+from dpmarket.protocol.objective import bid_direction
 from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
 
 __all__ = ["Owner"]
@@ -173,8 +173,10 @@ class Owner:
         if not biddable.any():
             self._bids = {}
             return [self._out.make(msg.sender, msg.round, PassBody("no records left to bid"))]
-        bids = hashed_bids(store.H, self._g_validation, g, body.summary_size)
-        bids = np.where(biddable, bids, -np.inf)
+        # one float32 matrix-vector product scores every record (the curator re-checks the
+        # winner's bid in float64 within its verification tolerance)
+        direction = bid_direction(self._g_validation, g, body.summary_size)
+        bids = np.where(biddable, store.H @ direction.astype(np.float32), -np.inf)
         token = int(np.argmax(bids))
         self._bids = {token: float(bids[token])}
         return [self._out.make(msg.sender, msg.round, BidBody(token, float(bids[token])))]
