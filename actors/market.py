@@ -26,6 +26,7 @@ from dpmarket.actors.cluster import connect
 from dpmarket.actors.config import ConfigError, FaultConfig, MarketConfig, load_market_config
 from dpmarket.actors.evaluate import svm_accuracy
 from dpmarket.actors.report import mmd2_by_prefix, write_outputs
+from dpmarket.actors.runner import spawn_market
 from dpmarket.actors.scenarios import digits_split
 from dpmarket.actors.transport import FaultPlan
 from dpmarket.protocol.objective import mmd2
@@ -79,34 +80,12 @@ def _progress(line: str) -> None:
 def _drive(config: MarketConfig, scenario: Scenario, journal: Path, snapshot: Any) -> Any:
     """Spawn the actors, run the curator, kill and resume it if the config says so."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from dpmarket.actors.curator import CuratorActor
-    from dpmarket.actors.owner import OwnerActor
 
     faults = config.faults
-    plan = FaultPlan(kill_at=dict(faults.kill))
+    plan = FaultPlan(kill_at=dict(faults.kill), delay=dict(faults.slow))
     params = config.curator_params(scenario.gamma)
-    handles = {
-        name: OwnerActor.remote(name, config.name, X, y, faults.slow.get(name, 0.0))  # type: ignore[attr-defined]
-        for name, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
-    }
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-
-    def spawn(snap: Any) -> Any:
-        return CuratorActor.options(scheduling_strategy=here).remote(  # type: ignore[attr-defined]
-            config.name,
-            list(scenario.owner_names),
-            scenario.validation,
-            scenario.seed_set,
-            params,
-            config.seed,
-            str(journal),
-            snap,
-        )
-
-    curator = spawn(snapshot)
-    run_ref = curator.run.remote(handles, plan)
+    market = spawn_market(scenario, params, config.seed, plan, config.name, str(journal), snapshot)
+    run_ref = market.curator.run.remote(market.owners, plan)
     crash_at = faults.kill_curator_at if snapshot is None else None
     try:
         while True:
@@ -118,21 +97,22 @@ def _drive(config: MarketConfig, scenario: Scenario, journal: Path, snapshot: An
                     if crash_at is not None:
                         raise
                     _progress("curator lost: resuming from its journal")
-                    curator = spawn(json.loads(journal.read_text(encoding="utf-8")))
-                    run_ref = curator.run.remote(handles, plan)
+                    market.curator = market.spawn_curator(
+                        json.loads(journal.read_text(encoding="utf-8"))
+                    )
+                    run_ref = market.curator.run.remote(market.owners, plan)
                     continue
-            status = ray.get(curator.progress.remote())
+            status = ray.get(market.curator.progress.remote())
             _progress(
                 f"epoch {status['epoch']:>5}  summary {status['summary_size']:>5}/"
                 f"{config.summary_size}  lost {len(status['lost'])}"
             )
             if crash_at is not None and status["epoch"] >= crash_at:
-                ray.kill(curator, no_restart=True)  # simulated curator crash
+                ray.kill(market.curator, no_restart=True)  # simulated curator crash
                 crash_at = None
     finally:
         print(file=sys.stderr)
-        for handle in [curator, *handles.values()]:
-            ray.kill(handle)
+        market.kill_all()
 
 
 def _utility(

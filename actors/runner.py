@@ -19,7 +19,15 @@ from dpmarket.protocol.objective import greedy_exact, greedy_hashed, uniform_sam
 from dpmarket.protocol.summarize import Owner
 from dpmarket.streams.synthetic import Scenario
 
-__all__ = ["Baselines", "InProcessRun", "baselines", "run_inprocess", "run_ray"]
+__all__ = [
+    "Baselines",
+    "InProcessRun",
+    "RayMarket",
+    "baselines",
+    "run_inprocess",
+    "run_ray",
+    "spawn_market",
+]
 
 
 @dataclass
@@ -75,6 +83,67 @@ def baselines(
     return Baselines((X[exact], y[exact]), (X[hashed], y[hashed]), (X[uniform], y[uniform]))
 
 
+@dataclass
+class RayMarket:
+    """The actors of one market on Ray: owners by name and the curator (respawnable)."""
+
+    owners: dict[str, Any]
+    curator: Any
+    spawn_curator: Any  # Callable[[snapshot | None], curator handle]
+
+    def kill_all(self) -> None:
+        import ray
+
+        for handle in [self.curator, *self.owners.values()]:
+            ray.kill(handle)
+
+
+def spawn_market(
+    scenario: Scenario,
+    params: CuratorParams,
+    seed: int,
+    faults: FaultPlan | None = None,
+    run_id: str = "run",
+    journal: str | None = None,
+    snapshot: dict[str, Any] | None = None,
+    placement: dict[str, dict[str, float]] | None = None,
+) -> RayMarket:
+    """Spawn one owner actor per owner and the curator actor (Ray must be connected).
+
+    The curator is pinned to this (the driver's) node so its journal lands where the driver can
+    read it; ``placement`` maps an owner to Ray custom resources that pin it to nodes. Slow
+    owners (``faults.delay``) wait that long before every reply.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from dpmarket.actors.curator import CuratorActor
+    from dpmarket.actors.owner import OwnerActor
+
+    faults, placement = faults or FaultPlan(), placement or {}
+    owners = {
+        name: OwnerActor.options(resources=placement.get(name, {})).remote(  # type: ignore[attr-defined]
+            name, run_id, X, y, faults.delay.get(name, 0.0)
+        )
+        for name, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
+    }
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+    def spawn_curator(snap: dict[str, Any] | None) -> Any:
+        return CuratorActor.options(scheduling_strategy=here).remote(  # type: ignore[attr-defined]
+            run_id,
+            list(scenario.owner_names),
+            scenario.validation,
+            scenario.seed_set,
+            params,
+            seed,
+            journal,
+            snap,
+        )
+
+    return RayMarket(owners, spawn_curator(snapshot), spawn_curator)
+
+
 def run_ray(
     scenario: Scenario,
     params: CuratorParams,
@@ -84,38 +153,12 @@ def run_ray(
     journal: str | None = None,
     snapshot: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run Algorithm 3 with every party in its own Ray actor (Ray must be connected).
-
-    The curator actor is placed on this (the driver's) node so its journal lands where the
-    driver can read it. Slow owners (``faults.delay``) wait that long before every reply.
-    """
+    """Run Algorithm 3 with every party in its own Ray actor; return the curator's payload."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from dpmarket.actors.curator import CuratorActor
-    from dpmarket.actors.owner import OwnerActor
-
-    faults = faults or FaultPlan()
-    handles = {
-        name: OwnerActor.options(name=f"{run_id}-{name}").remote(  # type: ignore[attr-defined]
-            name, run_id, X, y, faults.delay.get(name, 0.0)
-        )
-        for name, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
-    }
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    curator = CuratorActor.options(scheduling_strategy=here).remote(  # type: ignore[attr-defined]
-        run_id,
-        list(scenario.owner_names),
-        scenario.validation,
-        scenario.seed_set,
-        params,
-        seed,
-        journal,
-        snapshot,
-    )
+    market = spawn_market(scenario, params, seed, faults, run_id, journal, snapshot)
     try:
-        payload: dict[str, Any] = ray.get(curator.run.remote(handles, faults))
+        payload: dict[str, Any] = ray.get(market.curator.run.remote(market.owners, faults))
     finally:
-        for handle in [curator, *handles.values()]:
-            ray.kill(handle)
+        market.kill_all()
     return payload

@@ -172,7 +172,7 @@ def bid_direction(g_validation: npt.ArrayLike, g_summary: npt.ArrayLike, q: int)
     qq = _check_q(q)
     gv = _as_matrix("g_validation", np.reshape(g_validation, (1, -1)))[0]
     if qq == 0:
-        return gv
+        return np.asarray(gv, dtype=np.float64)
     gs = _as_matrix("g_summary", np.reshape(g_summary, (1, -1)), gv.shape[0])[0]
     return np.asarray(gv - (qq / (qq + 1.0)) * gs, dtype=np.float64)
 

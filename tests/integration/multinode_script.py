@@ -1,0 +1,77 @@
+"""Run by test_multinode.py in its own process: a 3-node Ray cluster on this machine
+(ray.cluster_utils.Cluster); removing a node loses the owners placed on it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import ray
+from ray.cluster_utils import Cluster
+
+from dpmarket.actors.runner import spawn_market
+from dpmarket.protocol.curator import CuratorParams
+from dpmarket.streams.synthetic import gaussian_mixture_shift
+
+
+def case(cluster: Cluster, zone: str, on_zone: list[str], tolerance: int) -> dict[str, object]:
+    node = cluster.add_node(num_cpus=1, resources={zone: 10})
+    cluster.wait_for_nodes()
+    scenario = gaussian_mixture_shift(
+        np.random.default_rng(3),
+        n_points=800,
+        n_owners=4,
+        n_components=4,
+        dim=4,
+        n_validation=40,
+        n_test=100,
+        n_seed=20,
+    )
+    params = CuratorParams(
+        p=10,
+        d=32,
+        gamma=scenario.gamma,
+        h1_seed=1,
+        eps_validation=1.0,
+        validation_iterations=200,
+        seed_iterations=200,
+        eps_summary=1.0,
+        summary_iterations=10,
+        eps_auction=0.5,
+        tau=2,
+        phase_timeout=3.0,
+        max_lost=tolerance,
+    )
+    placement = {
+        name: {zone: 1.0} if name in on_zone else {"head": 1.0} for name in scenario.owner_names
+    }
+    market = spawn_market(scenario, params, 4, run_id=zone, placement=placement)
+    ref = market.curator.run.remote(market.owners, None)
+    while ray.get(market.curator.progress.remote())["epoch"] < 3:
+        time.sleep(0.05)
+    cluster.remove_node(node)
+    payload = ray.get(ref)
+    market.kill_all()
+    return {
+        "state": payload["state"],
+        "lost": sorted(payload["lost"]),
+        "summary": len(payload["provenance"]),
+        "refusal": payload["refusal"],
+    }
+
+
+def main() -> None:
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"head": 100}}
+    )
+    ray.init(address=cluster.address, log_to_driver=False)
+    tolerated = case(cluster, "zone_a", ["owner-1", "owner-2"], tolerance=2)
+    refused = case(cluster, "zone_b", ["owner-3", "owner-4"], tolerance=1)
+    print(json.dumps({"tolerated": tolerated, "refused": refused}, default=str))
+    ray.shutdown()
+    cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main()
