@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from dpmarket.actors.account import add_account_parser
 from dpmarket.actors.config import ConfigError, DemoConfig, load_demo_config, load_market_config
 from dpmarket.actors.evaluate import EvaluationTable, evaluate
 from dpmarket.actors.scenarios import digits_split
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("out", help="the output directory of the run")
     resume.add_argument("--address", help="Ray address, or 'auto'")
     resume.set_defaults(func=_market)
+    add_account_parser(sub)
     return parser
 
 

@@ -65,3 +65,37 @@ def test_demo_command_reports_config_errors_with_exit_code_2(
     path.write_text("[scenario]\nseeds = 'all'\n")
     assert main(["evaluate", "--config", str(path)]) == 2
     assert "seeds" in capsys.readouterr().err
+
+
+def test_account_reproduces_the_paper_and_the_correct_count(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = [
+        "account",
+        "laplace:scale=100,count=1656,paper=0.01",
+        "exponential:eps=0.01,count=1656",
+        "--delta",
+        "0.01",
+        "--json",
+    ]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)["epsilon"]
+    assert result["paper"] == pytest.approx(1.40, abs=0.01)
+    assert result["theorem7"] == pytest.approx(3.18, abs=0.02)
+    assert result["pld"] < result["theorem7"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("laplace:scale=0", "scale"),
+        ("poisson:rate=1", "unknown kind"),
+        ("gaussian:sensitivity=1", "missing ['sigma']"),
+        ("auction:eps=0.1,variant=pure,colour=red", "bad field"),
+    ],
+)
+def test_account_refuses_bad_mechanisms(
+    spec: str, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["account", spec]) == 2
+    assert needle in capsys.readouterr().err
