@@ -23,7 +23,7 @@ __all__ = [
     "load_market_config",
 ]
 
-_SCENARIOS = ("digits", "synthetic")
+_SCENARIOS = ("digits", "synthetic", "files")
 
 
 class ConfigError(ValueError):
@@ -97,6 +97,16 @@ _MARKET_SECTIONS = {
         "n_validation",
         "n_test",
         "n_seed",
+        "features",
+        "label_column",
+        "lower",
+        "upper",
+        "policy",
+        "validation",
+        "seed_set",
+        "files",
+        "gamma",
+        "stream",
     },
     "privacy": {"delta"},
     "summary": {f.name for f in dataclasses.fields(CuratorParams)}
@@ -212,6 +222,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     if T >= K:
         raise ConfigError(f"{name}: [market].tolerance: T = {T} must be below owners = {K}")
     owners = tuple(f"owner-{k + 1}" for k in range(K))
+    _check_data(name, source, data.get("data", {}), owners, Path(path).parent)
     config = MarketConfig(
         source=source,
         name=str(run.get("name", Path(path).stem)),
@@ -239,14 +250,63 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     return config
 
 
+def _check_data(
+    path: str, source: str, data: dict[str, Any], owners: tuple[str, ...], base: Path
+) -> None:
+    """Check the [data] keys a source needs: input files exist, bounds are numbers, ..."""
+    stream = data.get("stream")
+    if stream is not None:
+        if source == "files" or not isinstance(stream, dict):
+            raise ConfigError(f"{path}: [data].stream: a table, for simulated sources only")
+        _check_keys(f"{path}: [data.stream]", stream, {"initial_fraction", "batches", "interval"})
+        _number(
+            path,
+            "[data.stream].initial_fraction",
+            stream.get("initial_fraction", 0.5),
+            0.0,
+            1.0 + 1e-9,
+        )
+        _int(path, "[data.stream].batches", stream.get("batches", 5), 1)
+        _number(path, "[data.stream].interval", stream.get("interval", 0.5), 0.0, 3600.0)
+    if source != "files":
+        return
+    _int(path, "[data].features", data.get("features"), 1)
+    for key in ("lower", "upper"):
+        value = data.get(key)
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+        ):
+            raise ConfigError(f"{path}: [data].{key}: expected a number or a list of numbers")
+    files = data.get("files")
+    if not isinstance(files, dict) or set(files) != set(owners):
+        raise ConfigError(
+            f"{path}: [data.files]: expected one list of input files per owner {list(owners)}"
+        )
+    for owner, paths in files.items():
+        if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
+            raise ConfigError(f"{path}: [data.files].{owner}: expected a non-empty list of paths")
+    for key in ("validation", "seed_set"):
+        target = data.get(key)
+        if not isinstance(target, str) or not (base / target).is_file():
+            raise ConfigError(f"{path}: [data].{key}: file {target!r} not found")
+
+
 def _apply_set(path: str, data: dict[str, Any], item: str) -> None:
-    """Apply one ``section.key=value`` override; the value is parsed as TOML."""
+    """Apply one ``section.key=value`` (or ``section.table.key=value``) override; the value is
+    parsed as TOML, a bare word is taken as a string."""
     key, sep, raw = item.partition("=")
-    section, dot, leaf = key.strip().partition(".")
-    if not sep or not dot or not leaf:
+    parts = [p.strip() for p in key.split(".")]
+    if not sep or len(parts) < 2 or not all(parts):
         raise ConfigError(f"--set {item!r}: expected section.key=value")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
-        value = raw.strip()  # a bare word is taken as a string
-    data.setdefault(section, {})[leaf] = value
+        value = raw.strip()
+    table = data
+    for part in parts[:-1]:
+        nested = table.setdefault(part, {})
+        if not isinstance(nested, dict):
+            raise ConfigError(f"--set {item!r}: {part} is not a table")
+        table = nested
+    table[parts[-1]] = value

@@ -25,11 +25,13 @@ import numpy as np
 from dpmarket.actors.cluster import connect
 from dpmarket.actors.config import ConfigError, FaultConfig, MarketConfig, load_market_config
 from dpmarket.actors.evaluate import svm_accuracy
+from dpmarket.actors.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
 from dpmarket.actors.report import mmd2_by_prefix, write_outputs
-from dpmarket.actors.runner import spawn_market
+from dpmarket.actors.runner import OwnerInputs, RayMarket, spawn_market
 from dpmarket.actors.scenarios import digits_split
 from dpmarket.actors.transport import FaultPlan
 from dpmarket.protocol.objective import mmd2
+from dpmarket.streams.records import Schema
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
 __all__ = [
@@ -77,16 +79,74 @@ def _progress(line: str) -> None:
     print(f"\r{line:<78}", end="", file=sys.stderr, flush=True)
 
 
-def _drive(config: MarketConfig, scenario: Scenario, journal: Path, snapshot: Any) -> Any:
-    """Spawn the actors, run the curator, kill and resume it if the config says so."""
+@dataclass
+class _Inputs:
+    """What the run starts from, by data source."""
+
+    owners: OwnerInputs
+    gamma: float
+    scenario: Scenario | None = None  # simulation only: the harness keeps the test set
+    schema: Schema | None = None
+    files: dict[str, list[str]] | None = None
+    writer: StreamWriter | None = None
+
+
+def _inputs(config: MarketConfig, out: Path) -> _Inputs:
+    if config.source == "files":
+        owners, schema, files, gamma = file_inputs(config)
+        return _Inputs(owners, gamma, None, schema, files)
+    scenario = make_market_scenario(config)
+    if "stream" in config.data:
+        owners, schema, files, writer = stream_files(config, scenario, out / "data")
+        return _Inputs(owners, scenario.gamma, scenario, schema, files, writer)
+    return _Inputs(OwnerInputs.of(scenario), scenario.gamma, scenario)
+
+
+def _drive(
+    config: MarketConfig, inputs: _Inputs, journal: Path, snapshot: Any, attempt_dir: Path
+) -> Any:
+    """Spawn the actors, ingest, run the curator, kill and resume it if the config says so."""
     import ray
 
     faults = config.faults
     plan = FaultPlan(kill_at=dict(faults.kill), delay=dict(faults.slow))
-    params = config.curator_params(scenario.gamma)
-    market = spawn_market(scenario, params, config.seed, plan, config.name, str(journal), snapshot)
+    params = config.curator_params(inputs.gamma)
+    market = spawn_market(
+        inputs.owners, params, config.seed, plan, config.name, str(journal), snapshot
+    )
+    try:
+        if inputs.files is not None and inputs.schema is not None:
+            ray.get(
+                [
+                    market.owners[o].start_ingest.remote(paths, inputs.schema, str(attempt_dir / o))
+                    for o, paths in inputs.files.items()
+                ]
+            )
+            wait_for_ingest(market.owners)
+        if inputs.writer is not None:
+            inputs.writer.start()
+        payload = _summarise(config, market, plan, journal, snapshot)
+        alive = {o: h for o, h in market.owners.items() if o not in payload["transport"]["dead"]}
+        statuses = ray.get([h.status.remote() for h in alive.values()])
+        ingest = ray.get([h.ingest_status.remote() for h in alive.values()])
+        payload["owners"] = {
+            o: st | {"ingested": ing["records"], "rejected_records": ing["rejected"]}
+            for o, st, ing in zip(alive, statuses, ingest, strict=True)
+        }
+        return payload
+    finally:
+        if inputs.writer is not None:
+            inputs.writer.stop()
+        market.kill_all()
+
+
+def _summarise(
+    config: MarketConfig, market: RayMarket, plan: FaultPlan, journal: Path, snapshot: Any
+) -> Any:
+    import ray
+
     run_ref = market.curator.run.remote(market.owners, plan)
-    crash_at = faults.kill_curator_at if snapshot is None else None
+    crash_at = config.faults.kill_curator_at if snapshot is None else None
     try:
         while True:
             ready, _ = ray.wait([run_ref], timeout=0.25)
@@ -112,7 +172,6 @@ def _drive(config: MarketConfig, scenario: Scenario, journal: Path, snapshot: An
                 crash_at = None
     finally:
         print(file=sys.stderr)
-        market.kill_all()
 
 
 def _utility(
@@ -156,14 +215,22 @@ def run_market(
     journal_dir.mkdir(parents=True, exist_ok=True)
     if snapshot is None:
         shutil.copyfile(config.path, journal_dir / "config.toml")
+        (journal_dir / "config_path").write_text(str(Path(config.path).resolve()))
     timings: dict[str, float] = {}
     start = time.perf_counter()
     connected = connect(address)
     timings["start"] = time.perf_counter() - start
-    scenario = make_market_scenario(config)
+    inputs = _inputs(config, out)
+    attempt = len(list((out / ".ingest").glob("attempt-*"))) if (out / ".ingest").exists() else 0
     tick = time.perf_counter()
-    payload = _drive(config, scenario, journal_dir / "journal.json", snapshot)
-    timings["summarise"] = time.perf_counter() - tick
+    payload = _drive(
+        config,
+        inputs,
+        journal_dir / "journal.json",
+        snapshot,
+        out / ".ingest" / f"attempt-{attempt}",
+    )
+    timings["ingest_and_summarise"] = time.perf_counter() - tick
     if payload["state"] == "refused":
         return MarketOutcome(
             EXIT_REFUSED,
@@ -171,16 +238,26 @@ def run_market(
             f"`dpmarket resume {out}` when the owners are back",
             None,
         )
-    tick = time.perf_counter()
-    utility, curves = _utility(scenario, payload, config)
-    timings["utility"] = time.perf_counter() - tick
+    utility: dict[str, Any] = {}
+    curves: dict[str, Any] = {}
+    if inputs.scenario is not None:
+        tick = time.perf_counter()
+        utility, curves = _utility(inputs.scenario, payload, config)
+        timings["utility"] = time.perf_counter() - tick
     run = config.public_record() | {
-        "validation_size": len(scenario.validation),
+        "validation_size": len(inputs.owners.validation),
         "ray": {"address": connected["address"]},
-        "gamma": scenario.gamma,
+        "gamma": inputs.gamma,
     }
     report = write_outputs(
-        out, run, payload, config.delta, config.faults.colluders, timings, utility, curves
+        out,
+        run,
+        payload,
+        config.delta,
+        config.faults.colluders,
+        timings,
+        utility or None,
+        curves,
     )
     return MarketOutcome(EXIT_OK, f"dpmarket: run complete, outputs in {out}", report)
 
@@ -190,7 +267,8 @@ def resume_market(out: Path, address: str | None = None) -> MarketOutcome:
     releases; the ledger is not charged twice)."""
     journal_dir = Path(out) / JOURNAL_DIR
     try:
-        config = load_market_config(journal_dir / "config.toml")
+        original = Path((journal_dir / "config_path").read_text().strip())
+        config = load_market_config(original if original.exists() else journal_dir / "config.toml")
         snapshot = json.loads((journal_dir / "journal.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{out}: no resumable journal ({exc})") from None

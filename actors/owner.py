@@ -10,6 +10,9 @@ the actor keeps serving.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +22,8 @@ import ray
 from dpmarket.protocol.errors import RemoteProtocolError
 from dpmarket.protocol.messages import ReplayGuard, decode, encode
 from dpmarket.protocol.summarize import Owner
+from dpmarket.streams.records import RejectsWriter, Schema
+from dpmarket.streams.tail import FileTailer
 
 __all__ = ["OwnerActor", "handle_frames"]
 
@@ -40,20 +45,27 @@ def handle_frames(
 
 @ray.remote(num_cpus=0)
 class OwnerActor:
-    """Ray actor around one owner. ``delay`` simulates a slow owner (seconds before replying)."""
+    """Ray actor around one owner. ``X`` is the owner's records, or their feature count when
+    the records arrive from files (:meth:`start_ingest`). ``delay`` simulates a slow owner."""
 
     def __init__(
         self,
         name: str,
         run: str,
-        X: npt.NDArray[np.float64],
+        X: npt.NDArray[np.float64] | int,
         y: npt.NDArray[np.float64] | None,
         delay: float = 0.0,
     ) -> None:
-        self._party = Owner(name, run, X, y)
+        # an int means "no records yet, this many features": records arrive by ingestion
+        X0 = np.zeros((0, X)) if isinstance(X, int) else X
+        self._party = Owner(name, run, X0, y)
         self._guard = ReplayGuard()
         self._delay = delay
         self.errors: list[str] = []
+        self._tailers: dict[str, FileTailer] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ingested = 0
+        self.rejected = 0
 
     async def handle(self, frames: list[bytes]) -> list[bytes]:
         if self._delay:
@@ -61,6 +73,53 @@ class OwnerActor:
         replies, errors = handle_frames(self._party, self._guard, frames)
         self.errors.extend(errors)
         return replies
+
+    async def start_ingest(
+        self, inputs: list[str], schema: Schema, state_dir: str, poll_interval: float = 0.25
+    ) -> None:
+        """Follow each input file with a tailer: every valid record (clipped to the public
+        bounds by the schema) is handed to the owner party, then the file offset is committed;
+        rejects go to ``state_dir/rejects.jsonl`` with their source and byte offset."""
+        state = Path(state_dir)
+        state.mkdir(parents=True, exist_ok=True)
+        rejects = RejectsWriter(state / "rejects.jsonl")
+        for path in inputs:
+            key = hashlib.blake2b(str(Path(path).resolve()).encode(), digest_size=8).hexdigest()
+            tailer = FileTailer(
+                path, schema, state / f"{key}.pos", poll_interval=poll_interval, rejects=rejects
+            )
+            self._tailers[path] = tailer
+            self._tasks.append(asyncio.get_running_loop().create_task(self._follow(tailer)))
+
+    async def _follow(self, tailer: FileTailer) -> None:
+        async for batch in tailer:
+            if len(batch):
+                labels = batch.records.labels
+                self._party.add_records(
+                    batch.features.astype(np.float64),
+                    None if labels is None else np.asarray(labels, dtype=np.float64),
+                )
+            self.ingested += len(batch)
+            self.rejected += len(batch.records.rejects)
+            await tailer.commit(batch)
+
+    async def ingest_status(self) -> dict[str, Any]:
+        """Records taken in, rejects, and whether every input has been read to its current end."""
+        caught_up = all(
+            t.read_offset >= os.path.getsize(path) if os.path.exists(path) else False
+            for path, t in self._tailers.items()
+        )
+        failed = [
+            str(task.exception())
+            for task in self._tasks
+            if task.done() and not task.cancelled() and task.exception()
+        ]
+        return {
+            "records": self.ingested,
+            "rejected": self.rejected,
+            "caught_up": caught_up,
+            "failed": failed,
+        }
 
     async def add_records(
         self, X: npt.NDArray[np.float64], y: npt.NDArray[np.float64] | None = None

@@ -11,6 +11,8 @@
 - ``value``: sum of winning marginal gains per owner (value attribution).
 - ``faults``: owners lost (epoch), frames late, deliveries rejected, what was tolerated/refused.
 - ``timings``: seconds per phase.
+- ``owners``: per live owner at the end: records held, records ingested from files, rejects,
+  epochs seen, times asked.
 - ``utility`` (simulation only, computed by the harness from data it generated, never by the
   curator): MMD^2 to the test set and LinearSVC accuracy of the private summary, exact greedy and
   uniform sampling.
@@ -182,6 +184,7 @@ def write_outputs(
             "transport": payload["transport"],
         },
         "timings": timings,
+        "owners": payload.get("owners", {}),
     }
     if utility is not None:
         report["utility"] = utility

@@ -22,6 +22,7 @@ from dpmarket.streams.synthetic import Scenario
 __all__ = [
     "Baselines",
     "InProcessRun",
+    "OwnerInputs",
     "RayMarket",
     "baselines",
     "run_inprocess",
@@ -84,6 +85,25 @@ def baselines(
 
 
 @dataclass
+class OwnerInputs:
+    """What the actors start from: each owner's records (or, for owners that ingest files,
+    their feature count), the curator's validation set and the public seed set."""
+
+    owners: dict[str, tuple[npt.NDArray[np.float64] | int, npt.NDArray[np.float64] | None]]
+    validation: npt.NDArray[np.float64]
+    seed_set: npt.NDArray[np.float64]
+
+    @classmethod
+    def of(cls, scenario: Scenario) -> OwnerInputs:
+        owners: dict[str, tuple[npt.NDArray[np.float64] | int, npt.NDArray[np.float64] | None]]
+        owners = {
+            name: (X, y.astype(np.float64))
+            for name, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
+        }
+        return cls(owners, scenario.validation, scenario.seed_set)
+
+
+@dataclass
 class RayMarket:
     """The actors of one market on Ray: owners by name and the curator (respawnable)."""
 
@@ -99,7 +119,7 @@ class RayMarket:
 
 
 def spawn_market(
-    scenario: Scenario,
+    scenario: Scenario | OwnerInputs,
     params: CuratorParams,
     seed: int,
     faults: FaultPlan | None = None,
@@ -121,20 +141,21 @@ def spawn_market(
     from dpmarket.actors.owner import OwnerActor
 
     faults, placement = faults or FaultPlan(), placement or {}
+    inputs = scenario if isinstance(scenario, OwnerInputs) else OwnerInputs.of(scenario)
     owners = {
         name: OwnerActor.options(resources=placement.get(name, {})).remote(  # type: ignore[attr-defined]
             name, run_id, X, y, faults.delay.get(name, 0.0)
         )
-        for name, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
+        for name, (X, y) in inputs.owners.items()
     }
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
     def spawn_curator(snap: dict[str, Any] | None) -> Any:
         return CuratorActor.options(scheduling_strategy=here).remote(  # type: ignore[attr-defined]
             run_id,
-            list(scenario.owner_names),
-            scenario.validation,
-            scenario.seed_set,
+            list(inputs.owners),
+            inputs.validation,
+            inputs.seed_set,
             params,
             seed,
             journal,
