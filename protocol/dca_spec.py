@@ -1,0 +1,396 @@
+"""DCA secure sum (Heikkilä et al. 2017, Algorithm 1): configuration, round spec, wire bodies.
+
+Theory of operation
+-------------------
+N clients (a public roster), M >= 2 compute nodes, one aggregator, tolerance T.
+
+Session (once): every compute node holds an X25519 key pair whose public half reaches clients by
+configuration. A client party (hosting one client or a batch of them) draws one X25519 key pair
+per hosted client, derives one PRK per (client, node) pair and sends ``dca.register`` (indices
+and public keys) to every node; each node derives the same PRKs (:mod:`.sealing`).
+
+Round r (many per session):
+
+1. The aggregator sends ``dca.open`` (the :class:`RoundSpec` and a deadline) to every node.
+2. Each client encodes z_i on the fixed-point grid, adds discrete Gaussian noise of standard
+   deviation sigma_std / sqrt(N - T - 1) (Theorem 1), draws M - 1 seeds from ``secrets`` and
+   sends ``dca.shares``: to its *value node* (index (i + r) mod M, which spreads the large frames
+   over all nodes) the sealed share z_i + eta_i - sum_k PRG(seed_k) mod 2^64, to each other node
+   its sealed seed. The shares sum to z_i + eta_i; any M - 1 of them are (computationally)
+   uniform and independent of z_i.
+3. A node opens and stores frames until every client has arrived or the deadline passes, then
+   sends its received set to the other nodes (``dca.seen``). With all M sets it takes the
+   intersection S (the clients whose shares reached every node). If N - |S| > T it sends
+   ``dca.abort`` and releases nothing; otherwise it sends ``dca.partial``: the ring sum over S of
+   its shares (expanding seeds) and S itself.
+4. The aggregator adds the M partials modulo 2^64 when all M name the same S with N - |S| <= T,
+   decodes, and records one Gaussian event in its :class:`PrivacyLedger`. Anything else ends the
+   round with status ``insufficient``, ``inconsistent`` or ``failed`` and no value.
+
+Every party refuses a message its state does not allow without changing state (one transition
+table per role, :func:`dpmarket.protocol.parties.dispatch`). Deadlines come in through
+``expire(now)``; randomness through a ``numpy.random.Generator`` (DP noise only; keys, seeds and
+nonces come from ``secrets``/``cryptography``).
+
+Privacy (per round, neighbouring = replace one client's vector, N public): with at most T clients
+dropped or colluding, the noise of the remaining honest clients other than any one curious client
+has variance >= sigma_std^2 per coordinate, so the release is the Gaussian mechanism with
+sigma_std at L2 sensitivity ``grid_sensitivity`` (the caller's Delta plus one grid step per
+coordinate). The ledger accounts it as a continuous Gaussian: a discrete Gaussian on the grid has
+the same zCDP guarantee (Canonne, Kamath & Steinke 2020), and a sum of discrete Gaussians of
+per-client sigma >= 4 grid units differs from one discrete Gaussian by a term that Kairouz, Liu &
+Steinke (2021) bound by 10 n exp(-pi^2 sigma^2) < 1e-60 here. Security: not all compute nodes
+collude; clients are honest-but-curious (they send values within the bound); the relay sees only
+ciphertext; the shares any M - 1 nodes see are computationally uniform.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from dpmarket.protocol.dgauss import MAX_GRID_SIGMA, client_sigma, gaussian_sigma
+from dpmarket.protocol.fixedpoint import (
+    FixedPoint,
+    RingConfig,
+    check_capacity,
+    grid_sensitivity,
+    noise_tail_bound,
+)
+from dpmarket.protocol.messages import Body, register
+from dpmarket.protocol.sealing import PRGS, length_prefixed
+
+__all__ = [
+    "MIN_CLIENT_GRID_SIGMA",
+    "REPLACE_ONE",
+    "STATUSES",
+    "AbortBody",
+    "DcaConfig",
+    "OpenBody",
+    "PartialBody",
+    "RegisterBody",
+    "RoundResult",
+    "RoundSpec",
+    "SeenBody",
+    "SharesBody",
+    "frame_aads",
+    "pack_set",
+    "pair_salt",
+    "round_info",
+    "unpack_set",
+]
+
+Array = npt.NDArray[np.generic]
+F64 = npt.NDArray[np.float64]
+U64 = npt.NDArray[np.uint64]
+BoolArray = npt.NDArray[np.bool_]
+
+REPLACE_ONE = "replace one client's vector"
+STATUSES = ("released", "insufficient", "inconsistent", "failed")
+MIN_CLIENT_GRID_SIGMA = 4.0  # per-client noise, in grid units, when noise is on
+_DOMAIN = "dpmarket/dca/v1"
+
+
+# ------------------------------------------------------------------------------ wire bodies
+@register("dca.register")
+@dataclass(frozen=True, slots=True)
+class RegisterBody(Body):
+    """Client party -> node: roster indices (uint32) and raw X25519 public keys (uint8, n x 32)."""
+
+    clients: Array
+    public_keys: Array
+
+
+@register("dca.open")
+@dataclass(frozen=True, slots=True)
+class OpenBody(Body):
+    """Aggregator -> node: the envelope's round opens with this spec; close at ``deadline``."""
+
+    d: int
+    sigma_std: float
+    sensitivity: float
+    label: str
+    neighbouring: str
+    deadline: float
+
+
+@register("dca.shares")
+@dataclass(frozen=True, slots=True)
+class SharesBody(Body):
+    """Client party -> node: sealed frames, one row per client (roster indices as uint32).
+
+    ``value_frames`` rows seal a share vector (8 d bytes), ``seed_frames`` rows a 32-byte seed."""
+
+    value_clients: Array
+    value_frames: Array
+    seed_clients: Array
+    seed_frames: Array
+
+
+@register("dca.seen")
+@dataclass(frozen=True, slots=True)
+class SeenBody(Body):
+    """Node -> node: the clients whose frames this node accepted by its close (packed bits)."""
+
+    received: Array
+
+
+@register("dca.partial")
+@dataclass(frozen=True, slots=True)
+class PartialBody(Body):
+    """Node -> aggregator: the ring sum (uint64, d) of its shares over the agreed set."""
+
+    total: Array
+    included: Array
+
+
+@register("dca.abort")
+@dataclass(frozen=True, slots=True)
+class AbortBody(Body):
+    """Node -> aggregator: the round ends without a release (too few clients, peer missing)."""
+
+    reason: str
+    missing: int
+
+
+def pack_set(members: BoolArray) -> npt.NDArray[np.uint8]:
+    """A boolean membership vector as packed bits (big-endian bit order)."""
+    return np.packbits(np.asarray(members, dtype=np.bool_))
+
+
+def unpack_set(packed: object, n: int) -> BoolArray | None:
+    """Inverse of :func:`pack_set` for ``n`` members; None if the bytes cannot be such a set."""
+    if not isinstance(packed, np.ndarray) or packed.dtype != np.uint8 or packed.ndim != 1:
+        return None
+    if packed.size != (n + 7) // 8:
+        return None
+    bits = np.unpackbits(packed)
+    if bits[n:].any():  # padding bits must be zero
+        return None
+    return bits[:n].astype(np.bool_)
+
+
+def round_info(digest: bytes) -> bytes:
+    """HKDF-Expand ``info`` of the round keys: every pair's key is bound to the round digest."""
+    return length_prefixed(_DOMAIN + "/round-key", digest)
+
+
+def frame_aads(digest: bytes, node: str, kind: str, clients: npt.NDArray[np.int64]) -> list[bytes]:
+    """AEAD associated data per frame: round digest (run, round, spec), node, kind, client."""
+    prefix = length_prefixed(_DOMAIN + "/frame", digest, node, kind)
+    raw = np.asarray(clients).astype(">u4").tobytes()
+    return [prefix + raw[i : i + 4] for i in range(0, len(raw), 4)]
+
+
+def pair_salt(run: str, client: str, node: str, client_key: bytes, node_key: bytes) -> bytes:
+    """HKDF-Extract salt of a (client, node) pair: run, both names and both public keys."""
+    return length_prefixed(_DOMAIN + "/pair", run, client, node, client_key, node_key)
+
+
+# ------------------------------------------------------------------------------ configuration
+def _check_names(name: str, values: tuple[str, ...], minimum: int) -> None:
+    if not isinstance(values, tuple) or not all(isinstance(v, str) and v for v in values):
+        raise ValueError(f"{name} must be a tuple of non-empty strings, got {values!r}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name} must be distinct, got duplicates in {values!r}")
+    if len(values) < minimum:
+        raise ValueError(f"{name}: need at least {minimum}, got {len(values)}")
+
+
+@dataclass(frozen=True)
+class DcaConfig:
+    """Public parameters of a DCA session, checked at construction.
+
+    ``clients`` is the public roster (N = len, indices are positions), ``nodes`` the compute
+    nodes (M >= 2: one node alone would see every value), ``tolerance`` is T (dropped plus
+    colluding clients tolerated, T <= N - 2), ``bound`` the largest |value| of one coordinate of
+    one client, ``frac_bits`` the fixed-point precision. The ring capacity is checked here for
+    the values alone and again per round with the noise (:meth:`check_round`).
+    """
+
+    run: str
+    clients: tuple[str, ...]
+    nodes: tuple[str, ...]
+    aggregator: str = "aggregator"
+    tolerance: int = 0
+    bound: float = 1.0
+    frac_bits: int = 32
+    prg: str = "aes-ctr"
+    agreement_timeout: float = 5.0
+    result_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run, str) or not self.run:
+            raise ValueError(f"run must be a non-empty string, got {self.run!r}")
+        _check_names("clients", self.clients, 2)
+        _check_names("nodes", self.nodes, 2)
+        overlap = (set(self.clients) & set(self.nodes)) | ({self.aggregator} & set(self.nodes))
+        if overlap or self.aggregator in self.clients:
+            raise ValueError(f"clients, nodes and aggregator must not share names: {overlap}")
+        t = self.tolerance
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= len(self.clients) - 2:
+            raise ValueError(f"tolerance must be an integer in 0..N-2, got {t!r}")
+        if self.prg not in PRGS:
+            raise ValueError(f"prg must be one of {PRGS}, got {self.prg!r}")
+        for name in ("agreement_timeout", "result_timeout"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite positive number, got {value!r}")
+        RingConfig(len(self.clients), self.bound, self.frac_bits)
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.clients)
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def codec(self) -> FixedPoint:
+        return FixedPoint(self.frac_bits)
+
+    def client_grid_sigma(self, spec: RoundSpec) -> float:
+        """Per-client noise standard deviation in grid units (Theorem 1)."""
+        sigma = client_sigma(spec.sigma_std, self.n_clients, self.tolerance)
+        return sigma * self.codec.scale
+
+    def spec(
+        self,
+        round_: int,
+        d: int,
+        epsilon: float,
+        delta: float,
+        sensitivity: float,
+        method: str = "analytic",
+        label: str = "",
+        neighbouring: str = REPLACE_ONE,
+    ) -> RoundSpec:
+        """A round whose release is (epsilon, delta)-DP at L2 ``sensitivity`` (on the grid)."""
+        on_grid = grid_sensitivity(sensitivity, d, self.frac_bits)
+        sigma = gaussian_sigma(epsilon, delta, on_grid, method)
+        return RoundSpec(round_, d, sigma, sensitivity, label, neighbouring)
+
+    def check_round(self, spec: RoundSpec) -> None:
+        """``ValueError`` if the round could wrap the ring or its noise does not suit the grid."""
+        grid_sigma = self.client_grid_sigma(spec)
+        total_sigma = grid_sigma * self.codec.resolution * math.sqrt(self.n_clients)
+        check_capacity(
+            self.n_clients, self.bound, self.frac_bits, noise_tail_bound(total_sigma, spec.d)
+        )
+        if 0.0 < grid_sigma < MIN_CLIENT_GRID_SIGMA:
+            raise ValueError(
+                f"sigma_std={spec.sigma_std:g} gives {grid_sigma:.3g} grid units per client "
+                f"(< {MIN_CLIENT_GRID_SIGMA}); increase frac_bits above {self.frac_bits}"
+            )
+        if grid_sigma > MAX_GRID_SIGMA:
+            raise ValueError(
+                f"sigma_std={spec.sigma_std:g} gives {grid_sigma:.3g} grid units per client "
+                f"(> 2^48); reduce frac_bits below {self.frac_bits}"
+            )
+
+    @functools.cached_property
+    def index(self) -> dict[str, int]:
+        """Roster position of every client (computed once per session)."""
+        return {client: i for i, client in enumerate(self.clients)}
+
+    @functools.cached_property
+    def roster_digest(self) -> bytes:
+        """SHA-256 of the roster and the compute nodes (computed once per session)."""
+        roster = length_prefixed(length_prefixed(*self.clients), length_prefixed(*self.nodes))
+        return hashlib.sha256(roster).digest()
+
+    def digest(self, spec: RoundSpec) -> bytes:
+        """SHA-256 binding the session and the round's parameters (AEAD data, key info)."""
+        parts = length_prefixed(
+            _DOMAIN,
+            self.run,
+            spec.round,
+            spec.d,
+            spec.sigma_std.hex(),
+            spec.sensitivity.hex(),
+            spec.label,
+            spec.neighbouring,
+            self.frac_bits,
+            self.tolerance,
+            self.prg,
+            self.aggregator,
+            self.roster_digest,
+        )
+        return hashlib.sha256(parts).digest()
+
+    def value_node(self, client_index: npt.NDArray[np.int64], round_: int) -> npt.NDArray[np.int64]:
+        """Index of the node that receives each client's value share in ``round_``."""
+        return (client_index + round_) % self.n_nodes
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """What one round computes: the sum of d-vectors with Gaussian noise sigma_std in total.
+
+    ``sensitivity`` is the caller's L2 sensitivity of one client's vector under ``neighbouring``;
+    ``sigma_std = 0`` turns noise off (not private: the ledger is not charged and the result says
+    so). Use :meth:`DcaConfig.spec` to calibrate sigma_std from (epsilon, delta).
+    """
+
+    round: int
+    d: int
+    sigma_std: float
+    sensitivity: float = 1.0
+    label: str = ""
+    neighbouring: str = REPLACE_ONE
+
+    def __post_init__(self) -> None:
+        for name, value, low in (("round", self.round, 1), ("d", self.d, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not (isinstance(self.sigma_std, int | float) and math.isfinite(self.sigma_std)):
+            raise ValueError(f"sigma_std must be a finite number, got {self.sigma_std!r}")
+        if self.sigma_std < 0:
+            raise ValueError(f"sigma_std must be >= 0, got {self.sigma_std!r}")
+        sens = self.sensitivity
+        if not (isinstance(sens, int | float) and math.isfinite(sens) and sens > 0):
+            raise ValueError(f"sensitivity must be a finite positive number, got {sens!r}")
+        object.__setattr__(self, "sigma_std", float(self.sigma_std))
+        object.__setattr__(self, "sensitivity", float(self.sensitivity))
+
+    def open_body(self, deadline: float) -> OpenBody:
+        return OpenBody(
+            self.d, self.sigma_std, self.sensitivity, self.label, self.neighbouring, deadline
+        )
+
+    @classmethod
+    def from_open(cls, round_: int, body: OpenBody) -> RoundSpec:
+        return cls(round_, body.d, body.sigma_std, body.sensitivity, body.label, body.neighbouring)
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """How a round ended. ``value`` (decoded) and ``ring_total`` are set only when released.
+
+    ``included``/``missing`` name the clients summed and left out; ``sensitivity`` is the grid
+    sensitivity the ledger was charged with; ``private`` is False when noise was off.
+    """
+
+    round: int
+    status: str
+    reason: str
+    value: F64 | None
+    ring_total: U64 | None
+    included: tuple[str, ...]
+    missing: tuple[str, ...]
+    sigma_std: float
+    sensitivity: float
+
+    @property
+    def released(self) -> bool:
+        return self.status == "released"
+
+    @property
+    def private(self) -> bool:
+        return self.sigma_std > 0

@@ -1,0 +1,360 @@
+"""DCA secure sum (Heikkilä et al. 2017, Algorithm 1): the client and aggregator parties.
+
+The theory of operation, the wire bodies and the configuration are in :mod:`.dca_spec`; the
+compute node is in :mod:`.securesum_node`; this module re-exports all of them, so
+``from dpmarket.protocol.securesum import Client, ComputeNode, Aggregator, DcaConfig`` works.
+:mod:`.securesum_driver` runs whole rounds in-process.
+
+Client (sender only: it accepts no message)::
+
+    new   start()                         -> ready, dca.register to every node
+    ready contribute(spec, values, rng)   round > last round: dca.shares to every node
+
+Aggregator::
+
+    idle     open_round(spec, deadline)   -> waiting, dca.open to every node
+    waiting  dca.partial (all M, same set) -> release, ledger event -> idle
+    waiting  dca.abort / sets differ / > T missing -> no release -> idle
+    waiting  expire(now >= deadline + result_timeout) -> failed, no release -> idle
+
+Privacy of a client's contribution: the value share is blinded by M - 1 PRG streams whose seeds
+only the other nodes see, so any M - 1 nodes hold values (computationally) independent of z_i;
+the noise is drawn before any share leaves and never reused across rounds (``contribute``
+refuses an old round).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from dpmarket.protocol.accounting import PrivacyLedger
+from dpmarket.protocol.dca_spec import (
+    REPLACE_ONE,
+    STATUSES,
+    AbortBody,
+    DcaConfig,
+    PartialBody,
+    RegisterBody,
+    RoundResult,
+    RoundSpec,
+    SharesBody,
+    frame_aads,
+    pair_salt,
+    round_info,
+    unpack_set,
+)
+from dpmarket.protocol.dgauss import sample_discrete_gaussian
+from dpmarket.protocol.errors import LocalProtocolError, RemoteProtocolError
+from dpmarket.protocol.fixedpoint import grid_sensitivity, ring_sum
+from dpmarket.protocol.messages import Message
+from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
+from dpmarket.protocol.sealing import (
+    PUBLIC_KEY_BYTES,
+    PairKey,
+    expand_rows,
+    generate_keypair,
+    pair_secret,
+    random_seeds,
+    round_keys,
+    seal_rows,
+)
+from dpmarket.protocol.securesum_node import ComputeNode
+
+__all__ = [
+    "BEHAVIOURS",
+    "REPLACE_ONE",
+    "STATUSES",
+    "Aggregator",
+    "Client",
+    "ComputeNode",
+    "DcaConfig",
+    "RoundResult",
+    "RoundSpec",
+]
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+BEHAVIOURS = ("honest", "reveal", "withhold")
+_CHUNK_ELEMENTS = 1 << 21  # client rows x d per sealed batch (16 MiB of shares)
+
+
+class Client:
+    """One or many roster clients hosted by one party (one owner, or a batch in a benchmark).
+
+    ``node_keys`` are the compute nodes' public keys, obtained authentically. ``behaviour``
+    (simulation only) marks members as colluders: ``"reveal"`` adds noise and records it in
+    ``revealed`` for the adversary, ``"withhold"`` adds none; everybody else is ``"honest"``.
+    """
+
+    def __init__(
+        self,
+        config: DcaConfig,
+        name: str,
+        node_keys: Mapping[str, bytes],
+        members: Sequence[str] | None = None,
+        behaviour: Mapping[str, str] | None = None,
+    ) -> None:
+        members = tuple(members) if members is not None else (name,)
+        roster = config.index
+        unknown = [m for m in members if m not in roster]
+        if not members or unknown or len(set(members)) != len(members):
+            raise ValueError(f"members: expected distinct roster clients, got unknown {unknown}")
+        if name in config.nodes or name == config.aggregator:
+            raise ValueError(f"name: {name!r} is a compute node or the aggregator")
+        bad_keys = [n for n in config.nodes if len(node_keys.get(n, b"")) != PUBLIC_KEY_BYTES]
+        if bad_keys:
+            raise ValueError(f"node_keys: missing or malformed for {bad_keys}")
+        behaviour = dict(behaviour or {})
+        odd = {m: b for m, b in behaviour.items() if m not in members or b not in BEHAVIOURS}
+        if odd:
+            raise ValueError(f"behaviour: unknown members or behaviours {odd}; use {BEHAVIOURS}")
+        self.config, self.name, self.run, self.members = config, name, config.run, members
+        self._node_keys = {n: bytes(node_keys[n]) for n in config.nodes}
+        self._index = np.array([roster[m] for m in members], dtype=np.int64)
+        self._withhold = np.array([behaviour.get(m) == "withhold" for m in members])
+        self._reveal = [i for i, m in enumerate(members) if behaviour.get(m) == "reveal"]
+        self._pairs: dict[str, list[PairKey]] = {}
+        self._out = Outbox(config.run, name)
+        self._table: dict[tuple[str, str], Handler] = {}
+        self.state = "new"
+        self.last_round = 0
+        self.revealed: dict[int, dict[str, I64]] = {}
+
+    def receive(self, msg: Message) -> list[Message]:
+        return dispatch(self.name, self.run, self.state, self._table, msg)
+
+    def expire(self, now: float) -> list[Message]:
+        return []
+
+    def start(self) -> list[Message]:
+        """Session set-up: one X25519 key pair per member, one PRK per (member, node)."""
+        if self.state != "new":
+            raise LocalProtocolError(f"start: client party {self.name} is already {self.state}")
+        pairs = [generate_keypair() for _ in self.members]
+        prks: dict[str, list[PairKey]] = {}
+        for node, node_key in self._node_keys.items():
+            prks[node] = [
+                PairKey(pair_secret(key, node_key, pair_salt(self.run, m, node, public, node_key)))
+                for m, (key, public) in zip(self.members, pairs, strict=True)
+            ]
+        publics = np.frombuffer(b"".join(p for _, p in pairs), dtype=np.uint8)
+        body = RegisterBody(
+            self._index.astype(np.uint32), publics.reshape(-1, PUBLIC_KEY_BYTES).copy()
+        )
+        self._pairs, self.state = prks, "ready"
+        return [self._out.make(node, 0, body) for node in self.config.nodes]
+
+    def contribute(
+        self, spec: RoundSpec, values: npt.ArrayLike, rng: np.random.Generator
+    ) -> list[Message]:
+        """Noise, split and seal every member's row of ``values`` (shape (members, d)).
+
+        ``ValueError`` if a value is outside the configured bound or the round is unsafe;
+        ``LocalProtocolError`` before ``start`` or for a round not after the last one.
+        """
+        if self.state != "ready":
+            raise LocalProtocolError(f"contribute: client party {self.name} is {self.state}")
+        if spec.round <= self.last_round:
+            raise LocalProtocolError(
+                f"contribute: round {spec.round} is not after {self.last_round}"
+            )
+        grid = self._checked_grid(spec, values)
+        self.config.check_round(spec)
+        noise = sample_discrete_gaussian(self.config.client_grid_sigma(spec), grid.shape, rng)
+        noise[self._withhold] = 0
+        if self._reveal:
+            self.revealed[spec.round] = {self.members[i]: noise[i].copy() for i in self._reveal}
+        grid += noise  # exact: both on the grid, and the ring capacity was checked
+        blinded = grid.view(np.uint64)
+        digest = self.config.digest(spec)
+        rows = max(1, _CHUNK_ELEMENTS // spec.d)
+        out: list[Message] = []
+        for start in range(0, len(grid), rows):
+            stop = min(start + rows, len(grid))
+            out += self._seal_batch(spec, digest, blinded[start:stop], np.arange(start, stop))
+        self.last_round = spec.round
+        return out
+
+    def _checked_grid(self, spec: RoundSpec, values: npt.ArrayLike) -> I64:
+        x = np.asarray(values, dtype=np.float64)
+        if x.shape != (len(self.members), spec.d):
+            raise ValueError(
+                f"values: expected shape ({len(self.members)}, {spec.d}), got {x.shape}"
+            )
+        if x.size:
+            low, high, bound = float(x.min()), float(x.max()), self.config.bound
+            if not (-bound <= low and high <= bound):  # also refuses NaN
+                raise ValueError(f"values: range [{low:.6g}, {high:.6g}] exceeds bound {bound:g}")
+        return self.config.codec.to_grid(x)
+
+    def _seal_batch(
+        self, spec: RoundSpec, digest: bytes, blinded: U64, positions: I64
+    ) -> list[Message]:
+        """Split rows into a value share and M - 1 seeds; one sealed batch per node."""
+        m, d = self.config.n_nodes, spec.d
+        idx = self._index[positions]
+        value_node = self.config.value_node(idx, spec.round)
+        seeds = random_seeds(len(idx) * (m - 1)).reshape(len(idx), m - 1, -1)
+        shares = blinded - expand_rows(seeds, d, self.config.prg)
+        info = round_info(digest)
+        out = []
+        for j, node in enumerate(self.config.nodes):
+            is_value = value_node == j
+            slot = (j - (value_node < j))[~is_value]
+            v_rows = shares[is_value].astype("<u8").view(np.uint8).reshape(-1, 8 * d)
+            s_rows = seeds[~is_value, slot]
+            prks = self._pairs[node]
+            v_keys = round_keys([prks[p] for p in positions[is_value].tolist()], info)
+            s_keys = round_keys([prks[p] for p in positions[~is_value].tolist()], info)
+            body = SharesBody(
+                idx[is_value].astype(np.uint32),
+                seal_rows(v_keys, v_rows, frame_aads(digest, node, "value", idx[is_value])),
+                idx[~is_value].astype(np.uint32),
+                seal_rows(s_keys, s_rows, frame_aads(digest, node, "seed", idx[~is_value])),
+            )
+            out.append(self._out.make(node, spec.round, body))
+        return out
+
+
+@dataclass
+class _Waiting:
+    spec: RoundSpec
+    deadline: float
+    partials: dict[str, PartialBody] = field(default_factory=dict)
+
+
+class Aggregator:
+    """Opens rounds, adds the compute nodes' partial sums, releases, and keeps the ledger.
+
+    ``ledger`` receives one Gaussian event per released noisy round (sigma_std, grid
+    sensitivity, the round's label and neighbouring relation); nothing for rounds that end
+    without a release.
+    """
+
+    def __init__(self, config: DcaConfig, ledger: PrivacyLedger | None = None) -> None:
+        self.config, self.name, self.run = config, config.aggregator, config.run
+        self.ledger = ledger if ledger is not None else PrivacyLedger("dca-clients")
+        self._out = Outbox(config.run, config.aggregator)
+        self.state = "idle"
+        self.last_round = 0
+        self._waiting: _Waiting | None = None
+        self.results: dict[int, RoundResult] = {}
+        self.late_frames = 0
+        self._table: dict[tuple[str, str], Handler] = {
+            ("waiting", "dca.partial"): self._on_partial,
+            ("waiting", "dca.abort"): self._on_abort,
+        }
+
+    def open_round(self, spec: RoundSpec, deadline: float) -> list[Message]:
+        """Announce ``spec`` to every compute node; they close collection at ``deadline``."""
+        if self.state != "idle":
+            raise LocalProtocolError(f"open_round: round {self.last_round + 1} is still open")
+        if spec.round <= self.last_round:
+            raise LocalProtocolError(
+                f"open_round: round {spec.round} is not after {self.last_round}"
+            )
+        if not math.isfinite(deadline):
+            raise ValueError(f"deadline must be finite, got {deadline!r}")
+        self.config.check_round(spec)
+        self.state, self._waiting = "waiting", _Waiting(spec, deadline)
+        body = spec.open_body(deadline)
+        return [self._out.make(node, spec.round, body) for node in self.config.nodes]
+
+    def receive(self, msg: Message) -> list[Message]:
+        if msg.sender not in self.config.nodes:
+            raise RemoteProtocolError(f"from: {msg.sender!r} is not a compute node")
+        if msg.round in self.results:
+            self.late_frames += 1
+            return []
+        waiting = self._waiting
+        if waiting is not None and msg.round != waiting.spec.round:
+            raise RemoteProtocolError(f"round: {msg.round} is not the open round")
+        return dispatch(self.name, self.run, self.state, self._table, msg)
+
+    def expire(self, now: float) -> list[Message]:
+        waiting = self._waiting
+        if waiting is None or now < waiting.deadline + self.config.result_timeout:
+            return []
+        silent = sorted(set(self.config.nodes) - set(waiting.partials))
+        self._finish("failed", f"compute nodes {silent} did not answer")
+        return []
+
+    def result(self, round_: int) -> RoundResult | None:
+        return self.results.get(round_)
+
+    def _open_round(self) -> _Waiting:
+        if self._waiting is None:  # pragma: no cover - the table admits these only while waiting
+            raise LocalProtocolError("aggregator: no round is open")
+        return self._waiting
+
+    def _on_partial(self, msg: Message) -> list[Message]:
+        body = body_of(msg, PartialBody)
+        waiting = self._open_round()
+        if msg.sender in waiting.partials:
+            raise RemoteProtocolError(f"dca.partial: {msg.sender} already answered")
+        total = body.total
+        if total.dtype != np.uint64 or total.shape != (waiting.spec.d,):
+            raise RemoteProtocolError(
+                f"dca.partial.total: shape {total.shape}, dtype {total.dtype}"
+            )
+        if unpack_set(body.included, self.config.n_clients) is None:
+            raise RemoteProtocolError("dca.partial.included: not a packed set of the roster")
+        waiting.partials[msg.sender] = body
+        if len(waiting.partials) == self.config.n_nodes:
+            self._combine(waiting)
+        return []
+
+    def _on_abort(self, msg: Message) -> list[Message]:
+        body = body_of(msg, AbortBody)
+        status = "insufficient" if body.missing > self.config.tolerance else "failed"
+        self._finish(status, f"{msg.sender}: {body.reason}")
+        return []
+
+    def _combine(self, waiting: _Waiting) -> None:
+        sets = [p.included.tobytes() for p in waiting.partials.values()]
+        if len(set(sets)) != 1:
+            self._finish("inconsistent", "compute nodes summed different client sets")
+            return
+        included = unpack_set(next(iter(waiting.partials.values())).included, self.config.n_clients)
+        if included is None:  # pragma: no cover - every partial's set was checked on receipt
+            raise LocalProtocolError("dca.partial.included: unreadable after the check")
+        missing = self.config.n_clients - int(included.sum())
+        if missing > self.config.tolerance:
+            reason = f"{missing} clients missing, more than T = {self.config.tolerance}"
+            self._finish("insufficient", reason, included)
+            return
+        total = ring_sum(np.stack([p.total for p in waiting.partials.values()]))
+        self._finish("released", "", included, total)
+
+    def _finish(
+        self,
+        status: str,
+        reason: str,
+        included: npt.NDArray[np.bool_] | None = None,
+        total: U64 | None = None,
+    ) -> None:
+        waiting = self._open_round()
+        spec, cfg = waiting.spec, self.config
+        sens = grid_sensitivity(spec.sensitivity, spec.d, cfg.frac_bits)
+        mask = included if included is not None else np.zeros(cfg.n_clients, dtype=np.bool_)
+        result = RoundResult(
+            round=spec.round,
+            status=status,
+            reason=reason,
+            value=cfg.codec.decode(total) if total is not None else None,
+            ring_total=total,
+            included=tuple(c for c, keep in zip(cfg.clients, mask, strict=True) if keep),
+            missing=tuple(c for c, keep in zip(cfg.clients, mask, strict=True) if not keep),
+            sigma_std=spec.sigma_std,
+            sensitivity=sens,
+        )
+        if result.released and result.private:
+            label = spec.label or f"dca round {spec.round}"
+            self.ledger.gaussian(spec.sigma_std, sens, label=label, neighbouring=spec.neighbouring)
+        self.results[spec.round] = result
+        self.state, self._waiting, self.last_round = "idle", None, spec.round
