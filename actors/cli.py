@@ -20,6 +20,7 @@ import numpy as np
 from dpmarket.actors.account import add_account_parser
 from dpmarket.actors.config import ConfigError, DemoConfig, load_demo_config, load_market_config
 from dpmarket.actors.evaluate import EvaluationTable, evaluate
+from dpmarket.actors.regress import add_regress_parser
 from dpmarket.actors.scenarios import digits_split
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
@@ -147,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--address", help="Ray address, or 'auto'")
     resume.set_defaults(func=_market)
     add_account_parser(sub)
+    add_regress_parser(sub)
     return parser
 
 

@@ -99,3 +99,15 @@ def test_account_refuses_bad_mechanisms(
 ) -> None:
     assert main(["account", spec]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_regress_runs_through_the_secure_sum(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["regress", "--eps", "4", "--json", "--colluders", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["clients"] == 353 and result["epsilon"] <= 4.0
+    assert result["median_abs_error"] < 1.5 * result["median_abs_error_nonprivate"] + 0.5
+
+
+def test_regress_refuses_a_bad_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["regress", "--eps", "0"]) == 2
+    assert "--eps" in capsys.readouterr().err
