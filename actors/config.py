@@ -107,11 +107,13 @@ _MARKET_SECTIONS = {
         "files",
         "gamma",
         "stream",
+        "bound",
     },
-    "privacy": {"delta"},
+    "privacy": {"delta", "eps_normalise", "eps_scan", "secure_phases"},
+    "sketch": {"rows", "width", "bandwidth"},
     "summary": {f.name for f in dataclasses.fields(CuratorParams)}
     - {"p", "gamma", "h1_seed", "phase_timeout", "max_lost", "known_colluders"},
-    "faults": {"kill", "slow", "colluders", "kill_curator_at"},
+    "faults": {"kill", "slow", "colluders", "kill_curator_at", "kill_compute"},
 }
 
 
@@ -124,6 +126,7 @@ class FaultConfig:
     slow: dict[str, float] = field(default_factory=dict)
     colluders: tuple[str, ...] = ()
     kill_curator_at: int | None = None
+    kill_compute: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ class MarketConfig:
     delta: float = 1e-5
     overrides: dict[str, Any] = field(default_factory=dict)
     faults: FaultConfig = field(default_factory=FaultConfig)
+    secure: dict[str, Any] = field(default_factory=dict)
     path: str = "<memory>"
 
     @property
@@ -193,11 +197,17 @@ def _faults(path: str, table: dict[str, Any], owners: tuple[str, ...]) -> FaultC
     if not isinstance(colluders, list) or not set(colluders) <= set(owners):
         raise ConfigError(f"{path}: [faults].colluders: expected a list of owner names")
     at = table.get("kill_curator_at")
+    kill_compute = table.get("kill_compute", [])
+    if not isinstance(kill_compute, list) or not all(
+        isinstance(n, str) and n.startswith("compute-") for n in kill_compute
+    ):
+        raise ConfigError(f"{path}: [faults].kill_compute: expected names like 'compute-2'")
     return FaultConfig(
         kill={o: _int(path, f"[faults].kill.{o}", e, 1) for o, e in kill.items()},
         slow={o: _number(path, f"[faults].slow.{o}", s, 0.0, 3600.0) for o, s in slow.items()},
         colluders=tuple(colluders),
         kill_curator_at=None if at is None else _int(path, "[faults].kill_curator_at", at, 1),
+        kill_compute=tuple(kill_compute),
     )
 
 
@@ -241,6 +251,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         ),
         overrides=dict(data.get("summary", {})),
         faults=_faults(name, data.get("faults", {}), owners),
+        secure=_secure(name, data.get("privacy", {}), data.get("sketch", {})),
         path=name,
     )
     try:
@@ -248,6 +259,25 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name}: [summary]: {exc}") from None
     return config
+
+
+def _secure(path: str, privacy: dict[str, Any], sketch: dict[str, Any]) -> dict[str, Any]:
+    """The secure-sum phases' public settings: budgets and the scan sketch's shape."""
+    enabled = privacy.get("secure_phases", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{path}: [privacy].secure_phases: expected true or false")
+    out: dict[str, Any] = {
+        "enabled": enabled,
+        "eps_normalise": _number(
+            path, "[privacy].eps_normalise", privacy.get("eps_normalise", 0.5), 0.0, 100.0
+        ),
+        "eps_scan": _number(path, "[privacy].eps_scan", privacy.get("eps_scan", 0.5), 0.0, 100.0),
+        "rows": _int(path, "[sketch].rows", sketch.get("rows", 50), 1),
+        "width": _int(path, "[sketch].width", sketch.get("width", 256), 2),
+    }
+    if "bandwidth" in sketch:
+        out["bandwidth"] = _number(path, "[sketch].bandwidth", sketch["bandwidth"], 0.0, 1e12)
+    return out
 
 
 def _check_data(

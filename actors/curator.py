@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -18,11 +19,66 @@ import numpy as np
 import numpy.typing as npt
 import ray
 
+from dpmarket.actors.dca import DcaHub, moments_sensitivity, record_for_owners
 from dpmarket.actors.transport import FaultPlan, RayTransport
+from dpmarket.protocol.accounting import ADD_REMOVE, PrivacyLedger
 from dpmarket.protocol.curator import Curator, CuratorParams, SummaryResult
 from dpmarket.protocol.journal import restore_curator, snapshot_curator
+from dpmarket.protocol.securesum import DcaConfig, RoundResult
+from dpmarket.streams.lsh import make_family
+from dpmarket.streams.race import PrivacyStatement, RaceRelease, RaceSketch
 
 __all__ = ["CuratorActor", "write_json_atomic"]
+
+
+def _moments_summary(result: RoundResult, k: int) -> dict[str, Any]:
+    """DP pool count, per-feature means and spreads from the released (sum, sum sq, n)."""
+    if result.value is None:
+        return {"status": result.status, "reason": result.reason}
+    v = result.value
+    n = max(float(v[-1]), 1.0)
+    mean = v[:k] / n
+    spread = np.sqrt(np.maximum(v[k : 2 * k] / n - mean**2, 1e-12))
+    return {
+        "status": result.status,
+        "count": float(v[-1]),
+        "mean": mean.tolist(),
+        "std": spread.tolist(),
+        "sigma": result.sigma_std,
+        "missing": list(result.missing),
+    }
+
+
+def _scan_summary(
+    result: RoundResult,
+    sk: dict[str, Any],
+    validation: npt.NDArray[np.float64],
+    moments: dict[str, Any],
+) -> dict[str, Any]:
+    """Coverage of the validation set by the pool: mean KDE of the DP pool sketch at the
+    validation points, per pooled record (the sketch's kernel; 1 = every record collides)."""
+    if result.value is None:
+        return {"status": result.status, "reason": result.reason}
+    family = make_family(
+        sk["family"],
+        validation.shape[1],
+        int(sk["rows"]),
+        int(sk["seed"]),
+        bandwidth=float(sk["bandwidth"]),
+    )
+    template = RaceSketch(family, int(sk["width"]))
+    statement = PrivacyStatement(
+        "gaussian", (result.sigma_std,), result.sensitivity, ADD_REMOVE, None, 0.0
+    )
+    release = RaceRelease.from_counter_vector(template, result.value, statement)
+    density = release.query(validation.astype(np.float32))
+    total = float(moments.get("count", 1.0))
+    return {
+        "status": result.status,
+        "coverage": float(np.mean(density) / max(total, 1.0)),
+        "sigma": result.sigma_std,
+        "missing": list(result.missing),
+    }
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -61,6 +117,7 @@ class CuratorActor:
             rng = np.random.default_rng(seed)
             self._curator = Curator(run, owners, validation, seed_set, params, rng)
         self._resumed = snapshot is not None
+        self._validation = np.asarray(validation, dtype=np.float64)
         self._journal = Path(journal) if journal else None
         self._transport: RayTransport | None = None
 
@@ -78,6 +135,52 @@ class CuratorActor:
             "summary_size": len(c.provenance),
             "lost": sorted(c.lost),
         }
+
+    async def secure_phases(
+        self, nodes: dict[str, Any], owners: dict[str, Any], plan: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Normalise and scan: two secure-sum rounds over the owners (see actors/dca.py).
+
+        Both releases are charged to every owner's ledger (Gaussian, record-level add/remove);
+        a resumed curator skips them (they are in its journaled ledgers already).
+        """
+        if self._resumed:
+            return {"skipped": "resumed run: the secure-sum phases ran before"}
+        config: DcaConfig = plan["config"]
+        hub = DcaHub(config, nodes, owners, PrivacyLedger("dca"))
+        await hub.setup(plan["seeds"], plan["behaviours"])
+        k, bound = int(plan["n_features"]), float(plan["bound"])
+        out: dict[str, Any] = {"nodes": list(config.nodes), "tolerance": config.tolerance}
+        spec = config.spec(
+            1,
+            2 * k + 1,
+            plan["eps_normalise"],
+            plan["delta"],
+            moments_sensitivity(k, bound),
+            label="normalise",
+            neighbouring=ADD_REMOVE,
+        )
+        moments = await hub.round(spec, "moments", {"bound": bound}, plan["timeout"])
+        record_for_owners(self._curator.ledgers, moments, "normalise (secure sum)")
+        out["normalise"] = _moments_summary(moments, k)
+        sk = plan["sketch"]
+        rows, width = int(sk["rows"]), int(sk["width"])
+        spec = config.spec(
+            2,
+            rows * width,
+            plan["eps_scan"],
+            plan["delta"],
+            math.sqrt(rows),
+            label="scan",
+            neighbouring=ADD_REMOVE,
+        )
+        counters = await hub.round(spec, "sketch", sk, plan["timeout"])
+        record_for_owners(self._curator.ledgers, counters, "scan (secure sum)")
+        out["scan"] = _scan_summary(counters, sk, self._validation, out["normalise"])
+        out["absent"] = {str(r): a for r, a in hub.absent.items()}
+        out["errors"] = hub.errors[:20]
+        self._curator.checkpoint_due = True
+        return out
 
     async def run(self, handles: dict[str, Any], faults: FaultPlan | None = None) -> dict[str, Any]:
         """Drive the run to completion or refusal; return the result as plain data."""

@@ -24,6 +24,7 @@ import numpy as np
 
 from dpmarket.actors.cluster import connect
 from dpmarket.actors.config import ConfigError, FaultConfig, MarketConfig, load_market_config
+from dpmarket.actors.dca import moments_sensitivity
 from dpmarket.actors.evaluate import svm_accuracy
 from dpmarket.actors.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
 from dpmarket.actors.report import mmd2_by_prefix, write_outputs
@@ -125,7 +126,9 @@ def _drive(
             wait_for_ingest(market.owners)
         if inputs.writer is not None:
             inputs.writer.start()
+        secure = _secure_phases(config, inputs, market, snapshot)
         payload = _summarise(config, market, plan, journal, snapshot)
+        payload["secure_phases"] = secure
         alive = {o: h for o, h in market.owners.items() if o not in payload["transport"]["dead"]}
         statuses = ray.get([h.status.remote() for h in alive.values()])
         ingest = ray.get([h.ingest_status.remote() for h in alive.values()])
@@ -138,6 +141,77 @@ def _drive(
         if inputs.writer is not None:
             inputs.writer.stop()
         market.kill_all()
+
+
+def _secure_phases(
+    config: MarketConfig, inputs: _Inputs, market: RayMarket, snapshot: Any
+) -> dict[str, Any]:
+    """Spawn the compute nodes and run normalise + scan through the curator's hub."""
+    import ray
+
+    from dpmarket.actors.compute import ComputeNodeActor
+    from dpmarket.protocol.securesum import DcaConfig
+    from dpmarket.protocol.securesum_driver import _auto_frac_bits
+
+    secure = config.secure
+    if not secure["enabled"] or snapshot is not None:
+        return {"skipped": "disabled" if not secure["enabled"] else "resumed run"}
+    owners = list(inputs.owners.owners)
+    k = inputs.owners.validation.shape[1]
+    bound = float(config.data.get("bound", 10.0))
+    n_max = float(config.data.get("n_points", 1_000_000))
+    value_bound = n_max * max(1.0, bound, bound**2)
+    rows, width = secure["rows"], secure["width"]
+    delta = config.delta
+    frac = min(
+        _auto_frac_bits(len(owners), d, eps, delta, sens, value_bound, config.tolerance, "analytic")
+        for d, eps, sens in (
+            (2 * k + 1, secure["eps_normalise"], moments_sensitivity(k, bound)),
+            (rows * width, secure["eps_scan"], float(np.sqrt(rows))),
+        )
+    )
+    nodes = tuple(f"compute-{i + 1}" for i in range(config.compute_nodes))
+    dca = DcaConfig(
+        f"{config.name}-dca",
+        tuple(owners),
+        nodes,
+        tolerance=config.tolerance,
+        bound=value_bound,
+        frac_bits=frac,
+    )
+    handles = {n: ComputeNodeActor.remote(dca, n) for n in nodes}  # type: ignore[attr-defined]
+    simulated = inputs.scenario is not None
+    plan = {
+        "config": dca,
+        "seeds": {o: config.seed * 1000 + i for i, o in enumerate(owners)} if simulated else {},
+        "behaviours": {o: "withhold" for o in config.faults.colluders},
+        "n_features": k,
+        "bound": bound,
+        "eps_normalise": secure["eps_normalise"],
+        "eps_scan": secure["eps_scan"],
+        "delta": delta,
+        "timeout": max(2.0, config.deadline_seconds),
+        "sketch": {
+            "family": "l2",
+            "rows": rows,
+            "width": width,
+            "seed": config.seed,
+            "bandwidth": secure.get("bandwidth", 1.0 / np.sqrt(inputs.gamma)),
+        },
+    }
+    for name in config.faults.kill_compute:  # simulated compute-node crash
+        if name in handles:
+            ray.kill(handles[name], no_restart=True)
+    _progress("secure sums: normalise and scan")
+    try:
+        result: dict[str, Any] = ray.get(
+            market.curator.secure_phases.remote(handles, market.owners, plan)
+        )
+    finally:
+        for handle in handles.values():
+            ray.kill(handle)
+    print(file=sys.stderr)
+    return result
 
 
 def _summarise(

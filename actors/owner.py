@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,10 @@ import ray
 
 from dpmarket.protocol.errors import RemoteProtocolError
 from dpmarket.protocol.messages import ReplayGuard, decode, encode
+from dpmarket.protocol.securesum import Client, DcaConfig, RoundSpec
 from dpmarket.protocol.summarize import Owner
+from dpmarket.streams.lsh import make_family
+from dpmarket.streams.race import RaceSketch
 from dpmarket.streams.records import RejectsWriter, Schema
 from dpmarket.streams.tail import FileTailer
 
@@ -66,6 +70,8 @@ class OwnerActor:
         self._tasks: list[asyncio.Task[None]] = []
         self.ingested = 0
         self.rejected = 0
+        self._dca: Client | None = None
+        self._dca_rng = np.random.default_rng(0)
 
     async def handle(self, frames: list[bytes]) -> list[bytes]:
         if self._delay:
@@ -120,6 +126,64 @@ class OwnerActor:
             "caught_up": caught_up,
             "failed": failed,
         }
+
+    # ------------------------------------------------------------------ secure-sum client
+    async def dca_setup(
+        self,
+        config: DcaConfig,
+        node_keys: dict[str, bytes],
+        seed: int | None = None,
+        behaviour: str | None = None,
+    ) -> list[bytes]:
+        """Become this owner's secure-sum client; return the registration frames. ``seed`` makes
+        the DP noise reproducible in simulation (OS entropy otherwise); ``behaviour`` simulates
+        a colluder ("reveal" or "withhold" its noise)."""
+        name = self._party.name
+        self._dca = Client(
+            config,
+            f"client:{name}",
+            node_keys,
+            (name,),
+            {name: behaviour} if behaviour else None,
+        )
+        entropy = seed if seed is not None else secrets.randbits(128)
+        self._dca_rng = np.random.default_rng(entropy)
+        return [encode(m) for m in self._dca.start()]
+
+    async def dca_contribute(
+        self, spec: RoundSpec, what: str, options: dict[str, Any]
+    ) -> list[bytes]:
+        """This owner's contribution to a secure-sum round, as sealed share frames.
+
+        ``moments``: per-feature sums and sums of squares of the records clipped to
+        ``options['bound']``, and the record count. ``sketch``: the int64 counters of a RACE
+        sketch of the records (``options``: family parameters and width).
+        """
+        if self._dca is None:
+            raise RuntimeError("dca_contribute before dca_setup")
+        X = self._party.records()
+        if what == "moments":
+            b = float(options["bound"])
+            Xc = np.clip(X, -b, b)
+            row = np.concatenate([Xc.sum(axis=0), (Xc**2).sum(axis=0), [float(len(Xc))]])
+        elif what == "sketch":
+            sketch = RaceSketch(
+                make_family(
+                    options["family"],
+                    X.shape[1],
+                    int(options["rows"]),
+                    int(options["seed"]),
+                    bandwidth=float(options["bandwidth"]),
+                ),
+                int(options["width"]),
+            )
+            if len(X):
+                sketch.update(X.astype(np.float32))
+            row = sketch.counter_vector().astype(np.float64)
+        else:
+            raise ValueError(f"what: unknown contribution {what!r}")
+        frames = self._dca.contribute(spec, row[None, :], self._dca_rng)
+        return [encode(m) for m in frames]
 
     async def add_records(
         self, X: npt.NDArray[np.float64], y: npt.NDArray[np.float64] | None = None

@@ -11,6 +11,8 @@
 - ``value``: sum of winning marginal gains per owner (value attribution).
 - ``faults``: owners lost (epoch), frames late, deliveries rejected, what was tolerated/refused.
 - ``timings``: seconds per phase.
+- ``secure_phases``: the normalise round (DP pool count, per-feature means and spreads) and
+  the scan round (coverage of the validation set by the DP pool sketch), with their noise.
 - ``owners``: per live owner at the end: records held, records ingested from files, rejects,
   epochs seen, times asked.
 - ``utility`` (simulation only, computed by the harness from data it generated, never by the
@@ -185,6 +187,7 @@ def write_outputs(
         },
         "timings": timings,
         "owners": payload.get("owners", {}),
+        "secure_phases": payload.get("secure_phases", {}),
     }
     if utility is not None:
         report["utility"] = utility

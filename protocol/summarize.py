@@ -116,6 +116,11 @@ class Owner:
     def n_records(self) -> int:
         return len(self._store.X) + sum(len(x) for x, _ in self._pending)
 
+    def records(self) -> F64:
+        """Every record held, pending ones included (for the owner's secure-sum contributions)."""
+        parts = [self._store.X, *(x for x, _ in self._pending)]
+        return np.concatenate(parts) if len(parts) > 1 else self._store.X
+
     def add_records(self, X: npt.ArrayLike, y: npt.ArrayLike | None = None) -> None:
         """Queue new records; they are hashed and biddable from the next epoch on."""
         X_arr = np.asarray(X, dtype=np.float64)

@@ -51,6 +51,14 @@ def test_run_writes_summary_report_and_plots(tmp_path: Path) -> None:
     for name in ("summary.csv", "summary.npz", "mmd_by_epoch.png", "privacy.png"):
         assert (out / name).stat().st_size > 0
     assert len((out / "summary.csv").read_text().splitlines()) == 13
+    secure = report["secure_phases"]
+    normalise, scan = secure["normalise"], secure["scan"]
+    assert normalise["status"] == scan["status"] == "released"
+    assert abs(normalise["count"] - 1500) < 6 * normalise["sigma"]  # DP count of the pool
+    assert 0 < scan["coverage"] < 1
+    events = report["privacy"]["parties"]["owner-2"]["events"]["events"]
+    labels = {e["label"]: e["mechanism"] for e in events}
+    assert labels["normalise (secure sum)"] == labels["scan (secure sum)"] == "gaussian"
     assert main(["run", str(ROOT / "configs" / "demo.toml"), "--out", str(out)]) == 2
 
 
@@ -73,6 +81,25 @@ def test_above_t_refuses_leaves_nothing_partial_and_resumes(tmp_path: Path) -> N
     events = report["privacy"]["parties"]["owner-1"]["events"]["events"]
     measured = sum(e["count"] for e in events if e["label"] == "h2(summary) measure")
     assert measured == (12 - 1) * 5  # every release charged exactly once across the resume
+
+
+def test_dead_compute_node_fails_the_secure_sums_but_not_the_run(tmp_path: Path) -> None:
+    code, out = _run(tmp_path, "node", "--set", "faults.kill_compute=['compute-2']")
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["secure_phases"]["normalise"]["status"] == "failed"
+    events = report["privacy"]["parties"]["owner-1"]["events"]["events"]
+    assert not any("secure sum" in e["label"] for e in events)  # nothing released: no charge
+
+
+def test_colluders_withhold_noise_and_the_sums_still_release(tmp_path: Path) -> None:
+    code, out = _run(
+        tmp_path, "collude", "--set", "faults.colluders=['owner-4']", "--set", "market.tolerance=2"
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["secure_phases"]["scan"]["status"] == "released"
+    assert "against_colluders" in report["privacy"]["parties"]["owner-1"]
 
 
 def test_curator_crash_is_resumed_from_the_journal(tmp_path: Path) -> None:

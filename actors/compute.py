@@ -1,0 +1,41 @@
+"""The compute-node actor: hosts one DCA ComputeNode; only decodes, calls, encodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from dpmarket.protocol.errors import RemoteProtocolError
+from dpmarket.protocol.messages import ReplayGuard, decode, encode
+from dpmarket.protocol.securesum import ComputeNode, DcaConfig
+
+__all__ = ["ComputeNodeActor"]
+
+
+@ray.remote(num_cpus=0)
+class ComputeNodeActor:
+    """Ray actor around one compute node of the secure sum (its X25519 key never leaves it)."""
+
+    def __init__(self, config: DcaConfig, name: str) -> None:
+        self._node = ComputeNode(config, name)
+        self._guard = ReplayGuard()
+        self.errors: list[str] = []
+
+    async def public_key(self) -> bytes:
+        return bytes(self._node.public_key)
+
+    async def handle(self, frames: list[bytes]) -> list[bytes]:
+        out: list[bytes] = []
+        for frame in frames:
+            try:
+                out.extend(encode(m) for m in self._node.receive(decode(frame, self._guard)))
+            except RemoteProtocolError as exc:
+                self.errors.append(str(exc))
+        return out
+
+    async def tick(self, now: float) -> list[bytes]:
+        return [encode(m) for m in self._node.expire(now)]
+
+    async def status(self) -> dict[str, Any]:
+        return {"registered": self._node.registered, "errors": list(self.errors)}

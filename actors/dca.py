@@ -1,0 +1,152 @@
+"""Secure-sum rounds across Ray actors: the curator's actor hosts the Aggregator and relays.
+
+Owners' actors host secure-sum Clients, compute-node actors host ComputeNodes. Every frame goes
+through this hub: frames addressed to the aggregator are decoded and handed to it, all others
+are forwarded as bytes to the node they name. Shares are sealed end to end (client to node), so
+the relay learns nothing from them. The hub passes one clock to the aggregator and the nodes,
+so the round's deadlines mean the same everywhere.
+
+Phases of a market run built on it (the ``[privacy]`` budgets of the config):
+- normalise: each owner sends its clipped per-feature sums, sums of squares and count; the
+  released pool means and spreads are reported (and broadcast to owners by the report).
+- scan: each owner sends its RACE sketch counters; the curator gets a DP sketch of the pool and
+  scores how well the pool covers the validation set (mean KDE of the pool at validation points).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dpmarket.protocol.accounting import ADD_REMOVE, PrivacyLedger
+from dpmarket.protocol.errors import RemoteProtocolError
+from dpmarket.protocol.messages import ReplayGuard, decode, encode
+from dpmarket.protocol.securesum import Aggregator, DcaConfig, RoundResult, RoundSpec
+
+__all__ = ["DcaHub", "moments_sensitivity"]
+
+
+def moments_sensitivity(n_features: int, bound: float) -> float:
+    """L2 sensitivity of (sum x, sum x^2, count) under add/remove of one record clipped to
+    ``[-bound, bound]`` per feature: sqrt(k b^2 + k b^4 + 1)."""
+    return math.sqrt(n_features * bound**2 + n_features * bound**4 + 1.0)
+
+
+class DcaHub:
+    """Runs DCA sessions and rounds over actor handles from inside an async actor."""
+
+    def __init__(
+        self,
+        config: DcaConfig,
+        nodes: dict[str, Any],
+        owners: dict[str, Any],
+        ledger: PrivacyLedger,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config, self.nodes, self.owners, self.clock = config, nodes, owners, clock
+        self.aggregator = Aggregator(config, ledger)
+        self.guard = ReplayGuard()
+        self.errors: list[str] = []
+        self.absent: dict[int, list[str]] = {}
+
+    async def route(self, frames: list[bytes]) -> None:
+        """Deliver frames (and everything they cause) until nothing is left in flight."""
+        pending = list(frames)
+        while pending:
+            by_recipient: dict[str, list[bytes]] = {}
+            for frame in pending:
+                try:
+                    to = decode(frame).recipient
+                except RemoteProtocolError as exc:
+                    self.errors.append(str(exc))
+                    continue
+                by_recipient.setdefault(to, []).append(frame)
+            pending = []
+            for frame in by_recipient.pop(self.aggregator.name, []):
+                try:
+                    out = self.aggregator.receive(decode(frame, self.guard))
+                except RemoteProtocolError as exc:
+                    self.errors.append(str(exc))
+                    continue
+                pending.extend(encode(m) for m in out)
+            names = [n for n in by_recipient if n in self.nodes]
+            replies = await asyncio.gather(
+                *(self.nodes[n].handle.remote(by_recipient[n]) for n in names),
+                return_exceptions=True,
+            )
+            for name, reply in zip(names, replies, strict=True):
+                if isinstance(reply, BaseException):
+                    self.errors.append(f"{name}: {type(reply).__name__}")
+                else:
+                    pending.extend(reply)
+
+    async def setup(self, seeds: dict[str, int | None], behaviours: dict[str, str]) -> None:
+        """Session set-up: node keys to owners, owners' registrations to nodes."""
+        keys = dict(
+            zip(
+                self.nodes,
+                await asyncio.gather(*(h.public_key.remote() for h in self.nodes.values())),
+                strict=True,
+            )
+        )
+        calls = [
+            h.dca_setup.remote(self.config, keys, seeds.get(o), behaviours.get(o))
+            for o, h in self.owners.items()
+        ]
+        frames = await asyncio.gather(*calls, return_exceptions=True)
+        await self.route(
+            [f for reply in frames if not isinstance(reply, BaseException) for f in reply]
+        )
+
+    async def round(
+        self, spec: RoundSpec, what: str, options: dict[str, Any], timeout: float
+    ) -> RoundResult:
+        """One round: open, collect contributions (owners that fail are absent), wait."""
+        deadline = self.clock() + timeout
+        await self.route([encode(m) for m in self.aggregator.open_round(spec, deadline)])
+        owners = list(self.owners)
+        tasks = [
+            asyncio.ensure_future(self.owners[o].dca_contribute.remote(spec, what, options))
+            for o in owners
+        ]
+        done, _ = await asyncio.wait(tasks, timeout=timeout)
+        absent = []
+        for owner, task in zip(owners, tasks, strict=True):
+            if task in done and task.exception() is None:
+                await self.route(task.result())
+            else:
+                absent.append(owner)
+        self.absent[spec.round] = absent
+        while (result := self.aggregator.result(spec.round)) is None:
+            now = self.clock()
+            frames = [encode(m) for m in self.aggregator.expire(now)]
+            ticks = await asyncio.gather(
+                *(h.tick.remote(now) for h in self.nodes.values()), return_exceptions=True
+            )
+            frames += [f for t in ticks if not isinstance(t, BaseException) for f in t]
+            await self.route(frames)
+            if self.aggregator.result(spec.round) is None:
+                await asyncio.sleep(0.05)
+        return result
+
+
+def record_for_owners(ledgers: dict[str, PrivacyLedger], result: RoundResult, label: str) -> None:
+    """Charge a released round to every owner's ledger (record-level add/remove)."""
+    if result.value is None or result.sigma_std <= 0:
+        return
+    for party, ledger in ledgers.items():
+        if party != "validation":
+            ledger.gaussian(
+                result.sigma_std, result.sensitivity, label=label, neighbouring=ADD_REMOVE
+            )
+
+
+def coverage(release: npt.NDArray[np.float64], total: float) -> float:
+    """Mean pool density at the validation points, per pooled record (KDE normalised)."""
+    return float(np.mean(release) / max(total, 1.0))
