@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/dpmarket run configs/demo.toml --out out/demo
 
 evaluate: $(STAMP)
-	$(BIN)/dpmarket evaluate --config configs/evaluate.toml
+	$(BIN)/dpmarket digits --config configs/evaluate.toml
 
 test: $(STAMP) lint typecheck unit
 

@@ -18,8 +18,14 @@ from typing import Any
 import numpy as np
 
 from dpmarket.actors.account import add_account_parser
+from dpmarket.actors.audit import build_audit_parser
 from dpmarket.actors.config import ConfigError, DemoConfig, load_demo_config, load_market_config
-from dpmarket.actors.evaluate import EvaluationTable, evaluate
+from dpmarket.actors.evaluate import (
+    EvaluationTable,
+    build_utility_parser,
+    evaluate,
+    utility_main,
+)
 from dpmarket.actors.regress import add_regress_parser
 from dpmarket.actors.scenarios import digits_split
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
@@ -58,7 +64,7 @@ def _demo(args: argparse.Namespace) -> int:
             config.scenario, config.seeds[:1], config.p[:2], config.delta, config.overrides
         )
     print(
-        f"dpmarket {_version()} demo: scenario {config.scenario}, seeds {list(config.seeds)}, "
+        f"dpmarket {_version()} digits: scenario {config.scenario}, seeds {list(config.seeds)}, "
         f"p {list(config.p)}, in-process (LoopbackTransport)"
     )
     table = evaluate(
@@ -116,12 +122,33 @@ def _print_report(report: dict[str, Any]) -> None:
         print(f"tolerated: owners lost {lost}")
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    argv = [
+        "--datasets",
+        *args.datasets,
+        "--mechanisms",
+        *args.mechanisms,
+        "--p",
+        *map(str, args.p),
+        "--seeds",
+        str(args.seeds),
+        "--eps-owner",
+        str(args.eps_owner),
+        "--eps-validation",
+        str(args.eps_validation),
+        "--delta",
+        str(args.delta),
+    ]
+    return utility_main([*argv, "--quick"] if args.quick else argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpmarket", description=__doc__)
     parser.add_argument("--version", action="version", version=f"dpmarket {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
-        "evaluate", help="private summarisation vs baselines, in-process (configs/evaluate.toml)"
+        "digits",
+        help="paper-faithful protocol vs baselines on digits, in-process (configs/evaluate.toml)",
     )
     demo.add_argument("--config", help="TOML file (see configs/evaluate.toml)")
     demo.add_argument("--quick", action="store_true", help="one seed, the first two sizes")
@@ -149,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     resume.set_defaults(func=_market)
     add_account_parser(sub)
     add_regress_parser(sub)
+    build_audit_parser(sub)
+    evaluate = sub.add_parser(
+        "evaluate", help="utility of every release mechanism at given budgets (in-process)"
+    )
+    build_utility_parser(evaluate)
+    evaluate.set_defaults(func=_evaluate)
     return parser
 
 

@@ -25,5 +25,6 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> dict[str
         ray.init(address=target, **common)
     else:
         cpus = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
-        ray.init(num_cpus=cpus, include_dashboard=False, **common)
+        # "local": always a new instance, never an unrelated cluster left on this machine
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, **common)
     return {"address": target or "local", "resources": ray.cluster_resources()}  # type: ignore[no-untyped-call]

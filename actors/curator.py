@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import ray
 
-from dpmarket.actors.dca import DcaHub, moments_sensitivity, record_for_owners
+from dpmarket.actors.dca import DcaHub, DcaUnavailable, moments_sensitivity, record_for_owners
 from dpmarket.actors.transport import FaultPlan, RayTransport
 from dpmarket.protocol.accounting import ADD_REMOVE, PrivacyLedger
 from dpmarket.protocol.curator import Curator, CuratorParams, SummaryResult
@@ -148,7 +148,11 @@ class CuratorActor:
             return {"skipped": "resumed run: the secure-sum phases ran before"}
         config: DcaConfig = plan["config"]
         hub = DcaHub(config, nodes, owners, PrivacyLedger("dca"))
-        await hub.setup(plan["seeds"], plan["behaviours"])
+        try:
+            await hub.setup(plan["seeds"], plan["behaviours"])
+        except DcaUnavailable as exc:  # nothing was released, nothing is charged
+            failed = {"status": "failed", "reason": str(exc)}
+            return {"normalise": failed, "scan": failed, "errors": [str(exc)]}
         k, bound = int(plan["n_features"]), float(plan["bound"])
         out: dict[str, Any] = {"nodes": list(config.nodes), "tolerance": config.tolerance}
         spec = config.spec(

@@ -29,7 +29,11 @@ from dpmarket.protocol.errors import RemoteProtocolError
 from dpmarket.protocol.messages import ReplayGuard, decode, encode
 from dpmarket.protocol.securesum import Aggregator, DcaConfig, RoundResult, RoundSpec
 
-__all__ = ["DcaHub", "moments_sensitivity"]
+__all__ = ["DcaHub", "DcaUnavailable", "moments_sensitivity"]
+
+
+class DcaUnavailable(RuntimeError):
+    """A secure-sum session could not start (a compute node is unreachable): nothing released."""
 
 
 def moments_sensitivity(n_features: int, bound: float) -> float:
@@ -88,13 +92,13 @@ class DcaHub:
 
     async def setup(self, seeds: dict[str, int | None], behaviours: dict[str, str]) -> None:
         """Session set-up: node keys to owners, owners' registrations to nodes."""
-        keys = dict(
-            zip(
-                self.nodes,
-                await asyncio.gather(*(h.public_key.remote() for h in self.nodes.values())),
-                strict=True,
-            )
+        answers = await asyncio.gather(
+            *(h.public_key.remote() for h in self.nodes.values()), return_exceptions=True
         )
+        dead = [n for n, a in zip(self.nodes, answers, strict=True) if isinstance(a, BaseException)]
+        if dead:
+            raise DcaUnavailable(f"compute nodes unreachable: {dead}")
+        keys = dict(zip(self.nodes, answers, strict=True))
         calls = [
             h.dca_setup.remote(self.config, keys, seeds.get(o), behaviours.get(o))
             for o, h in self.owners.items()

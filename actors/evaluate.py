@@ -10,8 +10,12 @@ accuracy of a LinearSVC trained on it. Privacy is reported per protected party, 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
+import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,12 +25,31 @@ import numpy.typing as npt
 from sklearn.svm import LinearSVC
 
 from dpmarket.actors.runner import baselines, run_inprocess
+from dpmarket.actors.scenarios import digits_split
 from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.curator import CuratorParams, SummaryResult
-from dpmarket.protocol.objective import mmd2
-from dpmarket.streams.synthetic import Scenario
+from dpmarket.protocol.objective import greedy_exact, mmd2, uniform_sample
+from dpmarket.protocol.releases import ReleasePlan, plan_releases
+from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
-__all__ = ["METHODS", "EvaluationTable", "evaluate", "paper_params", "svm_accuracy"]
+__all__ = [
+    "CANDIDATE_DOMAINS",
+    "DATASETS",
+    "MECHANISMS",
+    "METHODS",
+    "EvaluationTable",
+    "build_utility_parser",
+    "evaluate",
+    "evaluate_utility",
+    "mechanism_params",
+    "paper_params",
+    "recommended_params",
+    "svm_accuracy",
+    "utility_json",
+    "utility_main",
+    "utility_scenario",
+    "utility_table",
+]
 
 METHODS = ("greedy", "hashed_greedy", "private", "uniform", "protocol_noiseless")
 NOISELESS_EPS = 1e6  # h2 with this eps is the protocol without DP noise (a diagnostic, not private)
@@ -177,3 +200,242 @@ def _privacy(ledgers: dict[str, PrivacyLedger], owner: str, delta: float) -> dic
             "validation_delta": 0.01,
         },
     }
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 6: release mechanisms at correctly counted budgets (benchmarks/utility.py)
+# --------------------------------------------------------------------------------------------
+
+DATASETS = ("synthetic", "digits")
+MECHANISMS = ("paper", "gaussian", "tree", "herding", "herding-pure")
+"""Private mechanisms compared: the paper's Table 1 (MWEM h2, paper auction) and, planned to the
+budgets by :func:`~dpmarket.protocol.releases.plan_releases`, the Gaussian validation release
+with per-epoch Gaussian / tree-aggregated / herding summary releases (auction: every bidder asked,
+tau = 1) and herding with the calibrated pure auction (parsimonious)."""
+
+CANDIDATE_DOMAINS: dict[str, tuple[str, float, float]] = {
+    "synthetic": ("gaussian", 0.0, 1.0),  # features standardised by a public map
+    "digits": ("uniform", 0.5, 0.5),  # pixels / 16 in [0, 1]
+}
+"""Public feature domain per dataset: (distribution, center, scale) of herding candidates."""
+
+_ROW_KEYS = (
+    "dataset", "mechanism", "p", "gap_closed", "mmd2_private", "mmd2_greedy", "mmd2_uniform",
+    "svm_private", "svm_uniform", "svm_greedy", "eps_owner", "eps_validation", "delta",
+)  # fmt: skip
+
+
+def utility_scenario(dataset: str, rng: np.random.Generator) -> Scenario:
+    """Issue 6's scenarios: synthetic covariate shift (K = 6 owners, Dirichlet(0.5) over 8
+    Gaussian components in 20 dims, 100k points, target components 0/1 at 0.7/0.3, m = 500,
+    5,000 test points) or the appendix G digits split."""
+    if dataset == "synthetic":
+        return gaussian_mixture_shift(rng, n_points=100_000, n_validation=500, n_test=5000)
+    if dataset == "digits":
+        return digits_split(rng)
+    raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(
+    p: int, m: int, owners: int, eps: tuple[float, float, float], summary: str, auction: str
+) -> ReleasePlan:
+    return plan_releases(p, m, owners, eps[0], eps[1], eps[2], summary=summary, auction=auction)
+
+
+def recommended_params(
+    p: int,
+    scenario: Scenario,
+    h1_seed: int,
+    eps_owner: float = 1.0,
+    eps_validation: float = 3.0,
+    delta: float = 1e-5,
+    summary: str = "herding",
+    auction: str = "all",
+    candidates: tuple[str, float, float] = ("gaussian", 0.0, 1.0),
+) -> CuratorParams:
+    """The recommended configuration: Gaussian g_tilde, herding g_l, every bidder asked.
+
+    Meets eps_owner and eps_validation at delta (PLD, every event of the run counted) by
+    :func:`~dpmarket.protocol.releases.plan_releases`; ``candidates`` describes the public
+    feature domain the herding candidates are drawn from (see :data:`CANDIDATE_DOMAINS`).
+    """
+    budget = (eps_owner, eps_validation, delta)
+    plan = _plan(p, len(scenario.validation), len(scenario.owners), budget, summary, auction)
+    distribution, center, scale = candidates
+    return CuratorParams(
+        p=p,
+        gamma=scenario.gamma,
+        h1_seed=h1_seed,
+        candidate_distribution=distribution,
+        candidate_center=center,
+        candidate_scale=scale,
+        **plan.overrides(),
+    )
+
+
+def mechanism_params(
+    mechanism: str, dataset: str, p: int, scenario: Scenario, seed: int, budget: tuple[float, ...]
+) -> CuratorParams:
+    """CuratorParams of one compared mechanism (:data:`MECHANISMS`); budget = (eps_owner,
+    eps_validation, delta)."""
+    eps_owner, eps_validation, delta = budget
+    if mechanism == "paper":
+        return paper_params(p, scenario.gamma, seed, len(scenario.owners), delta)
+    summary, _, variant = mechanism.partition("-")
+    if summary not in ("gaussian", "tree", "herding"):
+        raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+    return recommended_params(
+        p, scenario, seed, eps_owner, eps_validation, delta, summary, variant or "all",
+        CANDIDATE_DOMAINS[dataset],
+    )  # fmt: skip
+
+
+@dataclass
+class _Scores:
+    mmd2: list[float] = field(default_factory=list)
+    svm: list[float] = field(default_factory=list)
+    eps_owner: list[float] = field(default_factory=list)
+    eps_validation: list[float] = field(default_factory=list)
+    accessed: list[float] = field(default_factory=list)
+    transfers: list[float] = field(default_factory=list)
+
+
+def _score(scores: _Scores, X: F64, y: F64, scenario: Scenario) -> None:
+    scores.mmd2.append(mmd2(X, scenario.test_X, scenario.gamma))
+    scores.svm.append(svm_accuracy(X, y, scenario.test_X, scenario.test_y.astype(np.float64)))
+
+
+def _run_mechanism(
+    scores: _Scores, scenario: Scenario, params: CuratorParams, seed: int, delta: float
+) -> None:
+    res = run_inprocess(scenario, params, np.random.default_rng([seed, params.p, 2])).result
+    if res.points is None or len(res.points) == 0:
+        raise ValueError(f"the private run returned no points ({res.reason})")
+    _score(scores, res.points, res.labels, scenario)
+    owners = [res.ledgers[o].epsilon(delta) for o in scenario.owner_names]
+    scores.eps_owner.append(max(owners))
+    scores.eps_validation.append(res.ledgers["validation"].epsilon(delta))
+    scores.accessed.append(res.transfers.distinct_points)
+    scores.transfers.append(res.transfers.total_transfers)
+
+
+def _finite(value: float) -> float | None:
+    return round(value, 4) if math.isfinite(value) else None
+
+
+def evaluate_utility(
+    datasets: list[str],
+    mechanisms: list[str],
+    p_values: list[int],
+    seeds: list[int],
+    budget: tuple[float, float, float] = (1.0, 3.0, 1e-5),
+) -> list[dict[str, Any]]:
+    """One row per (dataset, mechanism, p): means over seeds (issue 6, Deliver 2).
+
+    ``gap_closed = (uniform - private) / (uniform - greedy)`` on the seed-mean MMD^2 (exact RBF,
+    to the test set); epsilons are the worst over seeds (and, for owners, over owners), PLD at
+    delta; ``points_accessed`` counts distinct owner points the curator received.
+    """
+    rows = []
+    for dataset in datasets:
+        cells: dict[tuple[str, int], _Scores] = {}
+        for seed in seeds:
+            scenario = utility_scenario(dataset, np.random.default_rng(seed))
+            X, labels, owner_of = scenario.pooled()
+            y = labels.astype(np.float64)
+            for p in p_values:
+                exact = greedy_exact(X, scenario.validation, p, scenario.gamma)
+                uniform = uniform_sample(owner_of, p, np.random.default_rng([seed, p, 1]))
+                for name, idx in (("greedy", exact), ("uniform", uniform)):
+                    _score(cells.setdefault((name, p), _Scores()), X[idx], y[idx], scenario)
+                for mech in mechanisms:
+                    params = mechanism_params(mech, dataset, p, scenario, seed, budget)
+                    scores = cells.setdefault((mech, p), _Scores())
+                    _run_mechanism(scores, scenario, params, seed, budget[2])
+        rows += [_row(dataset, mech, p, cells, budget[2]) for mech in mechanisms for p in p_values]
+    return rows
+
+
+def _row(
+    dataset: str, mech: str, p: int, cells: dict[tuple[str, int], _Scores], delta: float
+) -> dict[str, Any]:
+    private, greedy, uniform = cells[(mech, p)], cells[("greedy", p)], cells[("uniform", p)]
+    mean = {k: float(np.mean(v.mmd2)) for k, v in (("p", private), ("g", greedy), ("u", uniform))}
+    return {
+        "dataset": dataset,
+        "mechanism": mech,
+        "p": p,
+        "gap_closed": round((mean["u"] - mean["p"]) / (mean["u"] - mean["g"]), 4),
+        "mmd2_private": round(mean["p"], 6),
+        "mmd2_greedy": round(mean["g"], 6),
+        "mmd2_uniform": round(mean["u"], 6),
+        "svm_private": round(float(np.mean(private.svm)), 4),
+        "svm_uniform": round(float(np.mean(uniform.svm)), 4),
+        "svm_greedy": round(float(np.mean(greedy.svm)), 4),
+        "eps_owner": _finite(max(private.eps_owner)),
+        "eps_validation": _finite(max(private.eps_validation)),
+        "delta": delta,
+        "points_accessed": float(np.mean(private.accessed)),
+        "transfers": float(np.mean(private.transfers)),
+    }
+
+
+def utility_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Human-readable lines for :func:`evaluate_utility` rows."""
+    head = (
+        f"{'dataset':<10} {'mechanism':<13} {'p':>4} {'greedy':>8} {'uniform':>8} {'private':>8} "
+        f"{'gap':>6} {'SVM g/u/priv':>17} {'eps own':>8} {'eps val':>8} {'accessed':>9}"
+    )
+    lines = [head]
+    for r in rows:
+        eps = ["inf" if r[k] is None else f"{r[k]:.3f}" for k in ("eps_owner", "eps_validation")]
+        svm = f"{r['svm_greedy']:.3f}/{r['svm_uniform']:.3f}/{r['svm_private']:.3f}"
+        lines.append(
+            f"{r['dataset']:<10} {r['mechanism']:<13} {r['p']:>4} {r['mmd2_greedy']:>8.5f} "
+            f"{r['mmd2_uniform']:>8.5f} {r['mmd2_private']:>8.5f} {r['gap_closed']:>6.2f} "
+            f"{svm:>17} {eps[0]:>8} {eps[1]:>8} {r['points_accessed']:>9.1f}"
+        )
+    return lines
+
+
+def utility_json(rows: list[dict[str, Any]]) -> str:
+    """The benchmark's last line: ``{"benchmark": "utility", "rows": [...]}`` (issue 6 keys)."""
+    return json.dumps(
+        {"benchmark": "utility", "rows": [{k: r[k] for k in _ROW_KEYS} for r in rows]}
+    )
+
+
+def build_utility_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Options of ``benchmarks/utility.py`` (and of a ``dpmarket evaluate``-style command)."""
+    parser.add_argument("--quick", action="store_true", help="one seed, p in {50, 100}")
+    parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
+    parser.add_argument("--mechanisms", nargs="+", choices=MECHANISMS, default=list(MECHANISMS))
+    parser.add_argument("--p", nargs="+", type=int, default=[50, 100, 200])
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0 .. N-1")
+    parser.add_argument("--eps-owner", type=float, default=1.0)
+    parser.add_argument("--eps-validation", type=float, default=3.0)
+    parser.add_argument("--delta", type=float, default=1e-5)
+    return parser
+
+
+def utility_main(argv: list[str] | None = None) -> int:
+    """Run :func:`evaluate_utility`, print the table, then the JSON line; returns 0."""
+    parser = build_utility_parser(argparse.ArgumentParser(description="issue 6 utility"))
+    args = parser.parse_args(argv)
+    p_values, seeds = (args.p, list(range(args.seeds)))
+    mechanisms = args.mechanisms
+    if args.quick:
+        p_values, seeds = [50, 100], [0]
+        mechanisms = [m for m in mechanisms if m in ("paper", "tree", "herding")]
+    budget = (args.eps_owner, args.eps_validation, args.delta)
+    start = time.perf_counter()
+    rows = evaluate_utility(args.datasets, mechanisms, p_values, seeds, budget)
+    print(
+        f"utility: seeds {seeds}, budgets eps_owner <= {budget[0]}, eps_validation <= "
+        f"{budget[1]} at delta {budget[2]:g} (PLD); {time.perf_counter() - start:.1f} s"
+    )
+    for line in utility_table(rows):
+        print(line)
+    print(utility_json(rows))
+    return 0

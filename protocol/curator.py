@@ -40,6 +40,13 @@ from dpmarket.protocol.messages import (
 )
 from dpmarket.protocol.objective import hashed_bids
 from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
+from dpmarket.protocol.releases import (
+    CANDIDATE_DISTRIBUTIONS,
+    SUMMARY_RELEASES,
+    VALIDATION_RELEASES,
+    make_summary_channel,
+    release_validation,
+)
 
 __all__ = ["Curator", "CuratorParams", "Provenance", "SummaryResult"]
 
@@ -77,6 +84,17 @@ class CuratorParams:
     max_deliveries: int = 3
     max_lost: int | None = None
     known_colluders: int = 0
+    # Release mechanisms (protocol/releases.py); the defaults are the paper's MWEM h2.
+    validation_release: str = "mwem"  # "mwem" | "gaussian"
+    summary_release: str = "mwem"  # "mwem" | "gaussian" | "tree" | "herding"
+    validation_sigma: float = 1.0  # Gaussian noise multiplier of g_tilde (sigma / Delta)
+    summary_sigma: float = 1.0  # Gaussian noise multiplier per summary release / tree node
+    clip_norm: float = float(np.sqrt(2.0))  # L2 clip of h1 rows; sqrt(2) never clips
+    n_candidates: int = 20000  # herding: public random candidates
+    candidate_distribution: str = "gaussian"  # "gaussian" N(c, s^2) | "uniform" U[c - s, c + s]
+    candidate_center: float = 0.0
+    candidate_scale: float = 1.0
+    herding_residual_weight: float = 1.0
 
     def __post_init__(self) -> None:
         checks = {
@@ -97,6 +115,15 @@ class CuratorParams:
             "phase_timeout": self.phase_timeout > 0,
             "auction_variant": self.auction_variant in ("paper", "pure"),
             "neighbouring": self.neighbouring in ("add_remove", "replace"),
+            "validation_release": self.validation_release in VALIDATION_RELEASES,
+            "summary_release": self.summary_release in SUMMARY_RELEASES,
+            "validation_sigma": self.validation_sigma > 0,
+            "summary_sigma": self.summary_sigma > 0,
+            "clip_norm": 0 < self.clip_norm <= np.sqrt(2.0) + 1e-12,
+            "n_candidates": self.n_candidates >= 1,
+            "candidate_distribution": self.candidate_distribution in CANDIDATE_DISTRIBUTIONS,
+            "candidate_scale": self.candidate_scale > 0,
+            "herding_residual_weight": self.herding_residual_weight >= 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -226,27 +253,17 @@ class Curator:
         setup = SetupBody(
             self.h1.n_features, p.d, p.gamma, p.h1_seed, p.tau, p.less_trusted, p.max_deliveries
         )
-        release = MwemHash(p.d, p.grid_step).release(
-            self._H_validation, p.eps_validation, p.validation_iterations, self._rng
+        # g_tilde and the summary channel (protocol/releases.py; both record their events). The
+        # "mwem" channel warms h2 up on the public seed set here, free of privacy cost.
+        g_validation = release_validation(
+            self._H_validation, p, self.ledgers["validation"], self._rng
         )
-        self._g_validation = release.mean
-        self.ledgers["validation"].exponential(
-            p.eps_validation,
-            p.sensitivity,
-            count=p.validation_iterations,
-            label="h2(validation) selection",
+        self._g_validation = g_validation
+        self._summary_channel = make_summary_channel(
+            p, self.h1, self._h2, self._H_seed, g_validation, self._rng
         )
-        self.ledgers["validation"].laplace(
-            1.0 / p.eps_validation,
-            p.sensitivity,
-            count=p.validation_iterations,
-            label="h2(validation) measure",
-            paper_epsilon=p.eps_validation,
-        )
-        # The summary's h2 state starts from the public seed set: free of privacy cost.
-        self._h2.release(self._H_seed, p.eps_seed, p.seed_iterations, self._rng)
         out = [self._out.make(o, 0, setup) for o in self.owners]
-        out += [self._out.make(o, 0, ValidationBody(release.mean)) for o in self.owners]
+        out += [self._out.make(o, 0, ValidationBody(g_validation)) for o in self.owners]
         return out + self._open_epoch(np.zeros(p.d))
 
     # ------------------------------------------------------------------------- interface
@@ -408,9 +425,7 @@ class Curator:
                 key = (owner, b.token)
                 self._times_bid[key] = self._times_bid.get(key, 0) + 1
                 bids.append(AuctionBid(owner, b.token, b.bid, self._times_bid[key]))
-            decision = run_auction(
-                bids, p.eps_auction, p.tau, self._rng, variant=p.auction_variant
-            )
+            decision = run_auction(bids, p.eps_auction, p.tau, self._rng, variant=p.auction_variant)
             for owner in self.owners:
                 self.ledgers[owner].auction(p.eps_auction, p.auction_variant, label="auction step")
             ep.asked, ep.decided, self.checkpoint_due = set(decision.asked), True, True
@@ -493,27 +508,19 @@ class Curator:
         self.provenance.append(Provenance(owner, body.token, self.epoch.number, bid, gain))
 
     def _release_summary(self) -> F64:
-        """DP estimate of the mean of h1 over S: h2 over seed + S, the seed's exact sum removed."""
-        p = self.params
-        H = np.concatenate([self._H_seed, np.array(self._summary_H, dtype=np.float32)])
-        release = self._h2.release(H, p.eps_summary, p.summary_iterations, self._rng)
+        """g_l for the next epoch by ``params.summary_release`` (protocol/releases.py): every
+        event the channel ran is charged to every owner's ledger (per point of the summary)."""
+        if getattr(self, "_summary_channel", None) is None:  # restored from a journal, no start()
+            self._summary_channel = make_summary_channel(
+                self.params, self.h1, self._h2, self._H_seed, self._g_validation, self._rng,
+                warm_up=False,
+            )  # fmt: skip
+        summary_H = np.array(self._summary_H, dtype=np.float32).reshape(-1, self.params.d)
+        release = self._summary_channel.release(summary_H, self._rng)
         for owner in self.owners:
-            ledger = self.ledgers[owner]
-            ledger.exponential(
-                p.eps_summary,
-                p.sensitivity,
-                count=p.summary_iterations,
-                label="h2(summary) selection",
-            )
-            ledger.laplace(
-                1.0 / p.eps_summary,
-                p.sensitivity,
-                count=p.summary_iterations,
-                label="h2(summary) measure",
-                paper_epsilon=p.eps_summary,
-            )
-        q = len(self.provenance)
-        return np.asarray((release.mean * len(H) - self._seed_sum) / q, dtype=np.float64)
+            for event in release.events:
+                self.ledgers[owner].record(event)
+        return release.g_summary
 
     def _finish(self, reason: str) -> list[Message]:
         self.state, self.reason, self.checkpoint_due = "done", reason, True

@@ -50,7 +50,7 @@ def test_demo_command_prints_the_table_and_the_ledger(
         "[scenario]\nname = 'digits'\nseeds = [0]\np = [6]\n"
         "[summary]\nvalidation_iterations = 100\nseed_iterations = 100\n"
     )
-    assert main(["evaluate", "--config", str(path)]) == 0
+    assert main(["digits", "--config", str(path)]) == 0
     out = capsys.readouterr().out
     for method in ("greedy", "hashed_greedy", "private", "uniform"):
         assert f"  {method} " in out
@@ -63,7 +63,7 @@ def test_demo_command_reports_config_errors_with_exit_code_2(
 ) -> None:
     path = tmp_path / "bad.toml"
     path.write_text("[scenario]\nseeds = 'all'\n")
-    assert main(["evaluate", "--config", str(path)]) == 2
+    assert main(["digits", "--config", str(path)]) == 2
     assert "seeds" in capsys.readouterr().err
 
 

@@ -1,0 +1,503 @@
+"""Release mechanisms for the curator's two broadcasts: g_tilde (validation) and g_l (summary).
+
+Paper: summarization-sarpatwar2019, Algorithms 2-3 and Theorem 6; PAPER-NOTES "Summarization"
+items 3 and 5 (issue 6). :mod:`dpmarket.protocol.curator` calls :func:`release_validation` once
+and a :class:`SummaryChannel` after every point it adds; both record every mechanism they run.
+
+Theory of operation
+-------------------
+``||h1(x)||_2 <= sqrt(2)`` for every x (each of the d coordinates is ``sqrt(2/d) cos(.)``), and in
+practice ``||h1(x)||^2 = 1 +- 1/sqrt(2d)``. The Gaussian releases first clip every h1 vector to
+L2 norm ``clip_norm`` (``sqrt(2)`` never clips), so one record moves a sum of h1 vectors by at
+most ``Delta = clip_norm`` under add/remove (counts public, as the paper's Theorem 6) and
+``2 clip_norm`` under replacement. Noise is ``N(0, (z Delta)^2 I_d)``, ``z`` the noise multiplier.
+
+g_tilde, mean of h1 over the validation set D_v (party ``validation``):
+* ``"mwem"``: h2 of Algorithm 2 (``validation_iterations`` exponential + Laplace steps).
+* ``"gaussian"``: ``(sum clip(h1(v)) + N(0, (z Delta)^2 I)) / m``: one Gaussian event. The noise
+  a bid ``h1(x) . g_tilde`` sees is ``N(0, (z Delta / m)^2 ||h1(x)||^2)``, independent of d.
+
+g_l, broadcast after the q-th point joins the summary S (party ``owner-k``, per point of S):
+* ``"mwem"``: h2 over seed + S, the seed's exact sum removed (paper; 2 * iterations events each).
+* ``"gaussian"``: noisy sum of S every time; the first point of S is in all p - 1 releases.
+* ``"tree"``: binary-tree aggregation (Dwork et al. 2010; Chan, Shi & Song 2011). Node (j, k)
+  holds the noisy sum of points ``k 2^j + 1 .. (k + 1) 2^j`` and is drawn once, when its last
+  point arrives; the prefix sum of q points adds the ``popcount(q)`` nodes of q's binary
+  decomposition. A point lies in one node per level, so after q points no point is in more
+  than ``q.bit_length()`` drawn nodes, and the ledger charges one Gaussian(z Delta, Delta)
+  each time that maximum grows (q a power of two): adaptive composition over the nodes that
+  contain the point; the other nodes do not depend on it.
+* ``"herding"``: no summary data at all. The curator runs kernel herding toward g_tilde over
+  public random candidates (its "virtual summary" z_1, z_2, ...) and steers the owners with
+  ``w = h1(z_{q+1}) + beta (g_tilde - V_q / (q + 1))``, V_q the sum of the first q virtual
+  points: each owner bids its point nearest (in the kernel) to the next virtual point, pulled
+  toward what the candidates could not cover. The broadcast is post-processing of g_tilde
+  (already charged to the validation set) and of public candidates: no owner event. The
+  curator sends ``g = (q + 1)/q (g_tilde - w)``, so the owners' bid
+  ``h1(x) . (g_tilde - q/(q + 1) g)`` (PAPER-NOTES item 1) equals ``h1(x) . w``.
+
+Why herding: at eps_owner <= 1 the bid's diversity term ``h1(x) . G/(q+1)`` sees noise of
+about ``z Delta / (q + 1)`` (z >= 10 for the tree at p = 200), far above the kernel differences
+it must resolve for p <= 200 (benchmarks/utility.py measures it).
+
+Planning (:func:`plan_releases`): the validation set's whole budget goes to its one release;
+each owner's budget is shared by the summary releases (if any) and the auction, and the split is
+solved numerically with the same PLD ledger that later reports the run, over the planned number
+of events (``max_epochs`` auction steps, p - 1 releases or ``(p - 1).bit_length()`` tree
+levels), so the reported epsilon cannot exceed the plan. d follows :func:`dimension_rule`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from dpmarket.protocol.accounting import MechanismEvent, PrivacyLedger
+from dpmarket.protocol.hashing import MwemHash, RandomFourierFeatures
+
+if TYPE_CHECKING:  # the curator imports this module; its params type is needed for checking only
+    from dpmarket.protocol.curator import CuratorParams as ReleaseParams
+
+__all__ = [
+    "CANDIDATE_DISTRIBUTIONS",
+    "SUMMARY_RELEASES",
+    "VALIDATION_RELEASES",
+    "GaussianChannel",
+    "HerdingChannel",
+    "MwemChannel",
+    "ReleasePlan",
+    "SummaryChannel",
+    "SummaryRelease",
+    "TreeAggregator",
+    "TreeChannel",
+    "clip_rows",
+    "dimension_rule",
+    "gaussian_noise_multiplier",
+    "make_summary_channel",
+    "plan_releases",
+    "public_candidates",
+    "release_validation",
+]
+
+VALIDATION_RELEASES = ("mwem", "gaussian")
+SUMMARY_RELEASES = ("mwem", "gaussian", "tree", "herding")
+CANDIDATE_DISTRIBUTIONS = ("gaussian", "uniform")
+F64 = npt.NDArray[np.float64]
+F32 = npt.NDArray[np.float32]
+
+
+def clip_rows(H: npt.ArrayLike, clip_norm: float) -> F64:
+    """Rows of ``H`` scaled down to L2 norm at most ``clip_norm`` (others unchanged), float64."""
+    if not (math.isfinite(clip_norm) and clip_norm > 0):
+        raise ValueError(f"clip_norm must be a finite positive number, got {clip_norm!r}")
+    rows = np.atleast_2d(np.asarray(H, dtype=np.float64))
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    scale = np.minimum(1.0, clip_norm / np.maximum(norms, 1e-300))
+    return np.asarray(rows * scale, dtype=np.float64)
+
+
+def _gaussian_delta_factor(params: ReleaseParams) -> float:
+    """Delta of a clipped sum: clip_norm (add/remove) or 2 clip_norm (replace)."""
+    return float(params.clip_norm * params.sensitivity)
+
+
+def release_validation(
+    H_validation: npt.ArrayLike,
+    params: ReleaseParams,
+    ledger: PrivacyLedger,
+    rng: np.random.Generator,
+) -> F64:
+    """Release g_tilde by ``params.validation_release`` and record it in ``ledger``.
+
+    "mwem": Algorithm 2 at ``eps_validation`` for ``validation_iterations`` steps, each an
+    exponential mechanism (charged 2 eps, pure) and a Laplace(1/eps) step (eps; the paper's
+    count). "gaussian": one Gaussian mechanism of L2 sensitivity Delta (module docstring) and
+    noise ``validation_sigma * Delta``; m = |D_v| is public.
+    """
+    H = np.asarray(H_validation)
+    if params.validation_release == "mwem":
+        eps, rounds, s = params.eps_validation, params.validation_iterations, params.sensitivity
+        release = MwemHash(params.d, params.grid_step).release(H, eps, rounds, rng)
+        ledger.exponential(eps, s, count=rounds, label="h2(validation) selection")
+        ledger.laplace(1.0 / eps, s, count=rounds, label="h2(validation) measure",
+                       paper_epsilon=eps)  # fmt: skip
+        return np.asarray(release.mean, dtype=np.float64)
+    if params.validation_release != "gaussian":
+        raise ValueError(f"validation_release must be one of {VALIDATION_RELEASES}")
+    delta_l2 = _gaussian_delta_factor(params)
+    sigma = params.validation_sigma * delta_l2
+    noisy = clip_rows(H, params.clip_norm).sum(axis=0) + rng.normal(0.0, sigma, H.shape[1])
+    ledger.gaussian(sigma, delta_l2, label="gaussian(validation mean)")
+    return np.asarray(noisy / H.shape[0], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class SummaryRelease:
+    """One g_l broadcast and the events each owner's ledger must record for it."""
+
+    g_summary: F64
+    events: tuple[MechanismEvent, ...] = ()
+
+
+class SummaryChannel(Protocol):
+    """Releases g_l from the whole current summary (``q x d`` h1 rows, q >= 1)."""
+
+    def release(self, summary_H: F32, rng: np.random.Generator) -> SummaryRelease: ...
+
+
+class MwemChannel:
+    """The paper's g_l: h2 over seed + S, the seed's exact (public) sum removed (PAPER-NOTES 2)."""
+
+    def __init__(self, params: ReleaseParams, h2: MwemHash, H_seed: F32) -> None:
+        self.params, self.h2, self.H_seed = params, h2, H_seed
+        self.seed_sum = H_seed.astype(np.float64).sum(axis=0)
+
+    def start(self, rng: np.random.Generator) -> None:
+        """Warm h2 up on the public seed set (no privacy cost: the seed set is public)."""
+        p = self.params
+        self.h2.release(self.H_seed, p.eps_seed, p.seed_iterations, rng)
+
+    def release(self, summary_H: F32, rng: np.random.Generator) -> SummaryRelease:
+        p = self.params
+        H = np.concatenate([self.H_seed, summary_H.astype(np.float32)])
+        out = self.h2.release(H, p.eps_summary, p.summary_iterations, rng)
+        params = (("eps_score", p.eps_summary),)
+        select = MechanismEvent(
+            "exponential", params, p.sensitivity, p.summary_iterations,
+            label="h2(summary) selection",
+        )  # fmt: skip
+        measure = MechanismEvent(
+            "laplace", (("scale", 1.0 / p.eps_summary),), p.sensitivity, p.summary_iterations,
+            label="h2(summary) measure", paper_epsilon=p.eps_summary,
+        )  # fmt: skip
+        q = len(summary_H)
+        g = (out.mean * len(H) - self.seed_sum) / q
+        return SummaryRelease(np.asarray(g, dtype=np.float64), (select, measure))
+
+
+class GaussianChannel:
+    """Noisy sum of S at every release: Gaussian(summary_sigma * Delta, Delta), count 1 each."""
+
+    def __init__(self, params: ReleaseParams) -> None:
+        self.delta_l2 = _gaussian_delta_factor(params)
+        self.sigma = params.summary_sigma * self.delta_l2
+        self.clip_norm = params.clip_norm
+
+    def release(self, summary_H: F32, rng: np.random.Generator) -> SummaryRelease:
+        total = clip_rows(summary_H, self.clip_norm).sum(axis=0)
+        noisy = total + rng.normal(0.0, self.sigma, total.shape)
+        event = MechanismEvent(
+            "gaussian", (("sigma", self.sigma),), self.delta_l2, label="gaussian(summary sum)"
+        )
+        return SummaryRelease(np.asarray(noisy / len(summary_H), dtype=np.float64), (event,))
+
+
+@dataclass
+class TreeAggregator:
+    """Binary-tree continual release of a growing sum of d-vectors (module docstring).
+
+    ``append`` adds one vector and draws the nodes it completes; ``prefix()`` is the noisy sum of
+    everything appended (``popcount(t)`` nodes, noise variance ``popcount(t) sigma^2`` per
+    coordinate); ``levels`` is the most drawn nodes any single vector lies in (``t.bit_length()``).
+    """
+
+    d: int
+    sigma: float
+    t: int = 0
+    _cumulative: list[F64] = field(default_factory=list)
+    _nodes: dict[tuple[int, int], F64] = field(default_factory=dict)
+
+    def append(self, vector: npt.ArrayLike, rng: np.random.Generator) -> None:
+        v = np.asarray(vector, dtype=np.float64)
+        if v.shape != (self.d,):
+            raise ValueError(f"vector must have shape ({self.d},), got {v.shape}")
+        last = self._cumulative[-1] if self._cumulative else np.zeros(self.d)
+        self._cumulative.append(last + v)
+        self.t += 1
+        level = 0
+        while self.t % (1 << level) == 0:
+            start = self.t - (1 << level)
+            exact = self._cumulative[-1] - (self._cumulative[start - 1] if start else 0.0)
+            noise = rng.normal(0.0, self.sigma, self.d)
+            self._nodes[(level, self.t // (1 << level) - 1)] = exact + noise
+            level += 1
+
+    def prefix(self) -> F64:
+        total, start = np.zeros(self.d), 0
+        for level in reversed(range(self.t.bit_length())):
+            if self.t & (1 << level):
+                total = total + self._nodes[(level, start >> level)]
+                start += 1 << level
+        return total
+
+    @property
+    def levels(self) -> int:
+        return self.t.bit_length()
+
+
+class TreeChannel:
+    """g_l from a :class:`TreeAggregator` over the clipped h1 rows of S, in order of addition."""
+
+    def __init__(self, params: ReleaseParams) -> None:
+        self.delta_l2 = _gaussian_delta_factor(params)
+        self.clip_norm = params.clip_norm
+        self.tree = TreeAggregator(params.d, params.summary_sigma * self.delta_l2)
+
+    def release(self, summary_H: F32, rng: np.random.Generator) -> SummaryRelease:
+        before = self.tree.levels
+        for row in clip_rows(summary_H[self.tree.t :], self.clip_norm):
+            self.tree.append(row, rng)
+        grown = self.tree.levels - before
+        events: tuple[MechanismEvent, ...] = ()
+        if grown:
+            params = (("sigma", self.tree.sigma),)
+            label = "tree(summary sum) node"
+            events = (MechanismEvent("gaussian", params, self.delta_l2, grown, label=label),)
+        g = self.tree.prefix() / self.tree.t
+        return SummaryRelease(np.asarray(g, dtype=np.float64), events)
+
+
+def public_candidates(params: ReleaseParams, n_features: int) -> F64:
+    """Public random candidate points for herding, from a generator seeded by the public h1 seed.
+
+    "gaussian": ``N(center, scale^2 I)``; "uniform": ``U[center - scale, center + scale]^n``.
+    """
+    rng = np.random.default_rng([params.h1_seed, 0x4E8D])
+    shape = (params.n_candidates, n_features)
+    center, scale = params.candidate_center, params.candidate_scale
+    if params.candidate_distribution == "gaussian":
+        return np.asarray(center + scale * rng.standard_normal(shape), dtype=np.float64)
+    if params.candidate_distribution == "uniform":
+        return np.asarray(rng.uniform(center - scale, center + scale, shape), dtype=np.float64)
+    raise ValueError(f"candidate_distribution must be one of {CANDIDATE_DISTRIBUTIONS}")
+
+
+class HerdingChannel:
+    """Steer the owners with a public virtual summary (module docstring): no owner event.
+
+    Candidates are used without replacement; ``residual_weight`` is beta.
+    """
+
+    def __init__(self, g_validation: F64, H_candidates: npt.ArrayLike, residual_weight: float):
+        self.g = np.asarray(g_validation, dtype=np.float64)
+        self.H = np.asarray(H_candidates, dtype=np.float32)
+        if self.H.ndim != 2 or self.H.shape[1] != self.g.shape[0] or len(self.H) == 0:
+            raise ValueError(f"H_candidates must have shape (n, {self.g.shape[0]}), n >= 1")
+        self.beta = float(residual_weight)
+        self._free = np.ones(len(self.H), dtype=bool)
+        self._virtual = np.zeros_like(self.g)
+        self._sequence: list[int] = []
+
+    def _next_residual(self) -> F64:
+        return np.asarray(self.g - self._virtual / (len(self._sequence) + 1), dtype=np.float64)
+
+    def _extend(self) -> F64:
+        """Append the next herding candidate; return the residual it was chosen against."""
+        residual = self._next_residual()
+        if not self._free.any():
+            self._free[:] = True  # every candidate used: start another pass
+        scores = np.where(self._free, self.H @ residual.astype(np.float32), -np.inf)
+        best = int(np.argmax(scores))
+        self._free[best] = False
+        self._sequence.append(best)
+        self._virtual = self._virtual + self.H[best]
+        return residual
+
+    def release(self, summary_H: F32, rng: np.random.Generator) -> SummaryRelease:
+        q = len(summary_H)
+        while len(self._sequence) < q:
+            self._extend()
+        residual = self._extend()  # virtual point q + 1
+        w = self.H[self._sequence[q]].astype(np.float64) + self.beta * residual
+        return SummaryRelease(np.asarray((q + 1) / q * (self.g - w), dtype=np.float64))
+
+
+def make_summary_channel(
+    params: ReleaseParams,
+    h1: RandomFourierFeatures,
+    h2: MwemHash,
+    H_seed: F32,
+    g_validation: F64,
+    rng: np.random.Generator,
+    warm_up: bool = True,
+) -> SummaryChannel:
+    """Build the channel ``params`` asks for; "mwem" warms h2 up on the seed set (``warm_up``).
+
+    A curator restored from a journal rebuilds its channel with ``warm_up=False``: h2's state
+    comes from the journal, herding replays its public sequence, and a tree re-draws every node
+    of the points it is given (a fresh release, charged again by its events: safe, not tight).
+    """
+    kind = params.summary_release
+    if kind == "mwem":
+        channel = MwemChannel(params, h2, H_seed)
+        if warm_up:
+            channel.start(rng)
+        return channel
+    if kind == "gaussian":
+        return GaussianChannel(params)
+    if kind == "tree":
+        return TreeChannel(params)
+    if kind == "herding":
+        candidates = h1(public_candidates(params, h1.n_features))
+        return HerdingChannel(g_validation, candidates, params.herding_residual_weight)
+    raise ValueError(f"summary_release must be one of {SUMMARY_RELEASES}, got {kind!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Planning: noise multipliers, the budget split, d
+# --------------------------------------------------------------------------------------------
+
+NOMINAL_EPS_AUCTION = 1e-6
+"""eps_auc charged per epoch when tau = 1 forces every bidder to be asked (the asked bit is then
+constant and reveals nothing; the ledger still charges this nominal amount)."""
+
+
+def _phi(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def _gaussian_delta(z: float, eps: float) -> float:
+    """delta(eps) of a Gaussian mechanism with noise multiplier z (Balle & Wang 2018, Thm 8)."""
+    return _phi(0.5 / z - eps * z) - math.exp(eps) * _phi(-0.5 / z - eps * z)
+
+
+def _bisect(fits: Any, low: float, high: float, steps: int = 60) -> float:
+    """Smallest x in [low, high] (geometric bisection) with fits(x) true; fits is monotone."""
+    if not fits(high):
+        raise ValueError(f"no value up to {high} meets the budget")
+    for _ in range(steps):
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high
+
+
+def gaussian_noise_multiplier(eps: float, delta: float, count: int = 1) -> float:
+    """z such that ``count`` Gaussian releases of multiplier z compose to (eps, delta)-DP.
+
+    k Gaussians of multiplier z compose exactly to one of multiplier z / sqrt(k), so
+    ``z = sqrt(count) z_1(eps, delta)``, z_1 from the analytic Gaussian mechanism.
+    """
+    if not (eps > 0 and 0 < delta < 1 and count >= 1):
+        raise ValueError(f"need eps > 0, delta in (0, 1), count >= 1; got {eps}, {delta}, {count}")
+    single = _bisect(lambda z: _gaussian_delta(z, eps) <= delta, 1e-3, 1e4)
+    return math.sqrt(count) * single
+
+
+def dimension_rule(
+    m: int, noise_multiplier: float, clip_norm: float, bounds: tuple[int, int]
+) -> int:
+    """d so that the random-feature error of a bid stays under half its DP noise.
+
+    The DP noise of ``h1(x) . g_tilde`` has standard deviation ``s = z clip_norm / m`` whatever d
+    is; the random-feature error of a mean kernel value is about ``1/sqrt(2 d)``. Asking
+    ``1/sqrt(2d) <= s/2`` gives ``d >= 2 / s^2``, rounded up to a multiple of 16 and clamped to
+    ``bounds`` (memory and time grow linearly in d).
+    """
+    low, high = bounds
+    if not (1 <= low <= high) or m < 1:
+        raise ValueError(f"need 1 <= bounds[0] <= bounds[1] and m >= 1, got {bounds}, {m}")
+    noise = noise_multiplier * clip_norm / m
+    wanted = 16 * math.ceil(2.0 / noise**2 / 16)
+    return int(min(high, max(low, wanted)))
+
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    """CuratorParams values that meet the budgets, and the planned per-owner event counts."""
+
+    d: int
+    clip_norm: float
+    validation_sigma: float
+    summary_release: str
+    summary_sigma: float
+    auction_variant: str
+    eps_auction: float
+    tau: int
+    max_epochs: int
+    summary_events: int
+    neighbouring: str = "add_remove"
+
+    def overrides(self) -> dict[str, Any]:
+        """Keyword arguments for ``dataclasses.replace(CuratorParams(...), **overrides)``."""
+        names = ("d", "clip_norm", "validation_sigma", "summary_release", "summary_sigma")
+        out: dict[str, Any] = {name: getattr(self, name) for name in names}
+        out.update(
+            validation_release="gaussian",
+            auction_variant=self.auction_variant,
+            eps_auction=self.eps_auction,
+            tau=self.tau,
+            max_epochs=self.max_epochs,
+            neighbouring=self.neighbouring,
+        )
+        return out
+
+
+def _owner_epsilon(
+    z: float | None, events: int, delta_l2: float, eps_auc: float, epochs: int, delta: float
+) -> float:
+    ledger = PrivacyLedger("plan")
+    ledger.auction(eps_auc, "pure", count=epochs)
+    if z is not None and events:
+        ledger.gaussian(z * delta_l2, delta_l2, count=events)
+    return ledger.epsilon(delta)
+
+
+def plan_releases(
+    p: int,
+    m: int,
+    n_owners: int,
+    eps_owner: float = 1.0,
+    eps_validation: float = 3.0,
+    delta: float = 1e-5,
+    summary: str = "herding",
+    auction: str = "all",
+    replace: bool = False,
+    d_bounds: tuple[int, int] = (64, 256),
+    auction_share: float = 0.5,
+) -> ReleasePlan:
+    """Split (eps_owner, eps_validation) at delta between the mechanisms that run.
+
+    Validation: its only release, one Gaussian at eps_validation. Owners: ``max_epochs = 2p + 10``
+    auction steps of the pure variant; ``auction="all"`` sets tau = 1 (every bidder asked, the
+    asked bit carries no information; charged :data:`NOMINAL_EPS_AUCTION`), ``"pure"`` solves
+    eps_auc so the auction alone spends ``auction_share`` of eps_owner (all of it when the
+    summary release is free). The summary releases ("gaussian": p - 1 events; "tree":
+    ``(p - 1).bit_length()`` levels) take the rest: their multiplier is the smallest that keeps
+    the composed PLD epsilon within eps_owner. "herding" costs owners nothing.
+    """
+    if summary not in SUMMARY_RELEASES[1:] or auction not in ("all", "pure"):
+        raise ValueError(f"summary must be gaussian, tree or herding and auction all or pure, got "
+                         f"{summary!r}, {auction!r}")  # fmt: skip
+    if p < 2 or m < 1 or n_owners < 1 or not (0 < auction_share < 1):
+        raise ValueError("need p >= 2, m >= 1, n_owners >= 1, 0 < auction_share < 1")
+    sensitivity = 2.0 if replace else 1.0
+    clip = 1.1
+    z_v = gaussian_noise_multiplier(eps_validation * (1.0 - 1e-4), delta)  # PLD round-off margin
+    d = dimension_rule(m, z_v, clip * sensitivity, d_bounds)
+    clip = min(math.sqrt(2.0), 1.0 + 2.0 / math.sqrt(2.0 * d))  # 4 sd of ||h1|| above 1
+    delta_l2 = clip * sensitivity
+    epochs = 2 * p + 10
+    events = {"gaussian": p - 1, "tree": (p - 1).bit_length(), "herding": 0}[summary]
+    if auction == "all":
+        tau, eps_auc = 1, NOMINAL_EPS_AUCTION
+    else:
+        tau = math.ceil(n_owners ** (2.0 / 3.0))
+        share = eps_owner * (auction_share if events else 0.999)
+        eps_auc = 1.0 / _bisect(
+            lambda inv: _owner_epsilon(None, 0, 1.0, 1.0 / inv, epochs, delta) <= share,
+            1.0,
+            1e7,
+            30,
+        )
+    z_s = 1.0
+    if events:
+        z_s = _bisect(
+            lambda z: _owner_epsilon(z, events, delta_l2, eps_auc, epochs, delta) <= eps_owner,
+            0.1, 1e4, steps=26,
+        )  # fmt: skip
+    relation = "replace" if replace else "add_remove"
+    return ReleasePlan(d, clip, z_v, summary, z_s, "pure", eps_auc, tau, epochs, events, relation)
