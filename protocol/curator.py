@@ -2,6 +2,10 @@
 
 See :mod:`dpmarket.protocol.summarize` for the theory of operation and both transition tables.
 
+The two broadcasts are made by the mechanisms of :mod:`dpmarket.protocol.releases`, chosen by
+``validation_release`` and ``summary_release`` (defaults: the paper's MWEM h2); each records the
+events it ran. With the defaults, the ledger charges as follows.
+
 Privacy (what the ledger charges, per protected party; delta and neighbouring as stated):
 - ``validation``: one h2 release of mean h1 over D_v, ``validation_iterations`` MWEM steps at
   ``eps_validation``; each step = exponential mechanism on a sensitivity-1 score sampled with
