@@ -202,6 +202,8 @@ def _secure_phases(
     for name in config.faults.kill_compute:  # simulated compute-node crash
         if name in handles:
             ray.kill(handles[name], no_restart=True)
+    _progress("owners: compiling sketch kernels")
+    ray.get([h.warm_up.remote() for h in market.owners.values()])
     _progress("secure sums: normalise and scan")
     try:
         result: dict[str, Any] = ray.get(

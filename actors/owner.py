@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,15 @@ class OwnerActor:
             "caught_up": caught_up,
             "failed": failed,
         }
+
+    async def warm_up(self) -> float:
+        """Compile the sketch kernels now (numba; cached on disk after the first process), so
+        the first secure-sum round is not delayed past its deadline; returns seconds spent."""
+        start = time.perf_counter()
+        sketch = RaceSketch(make_family("l2", 2, 2, 0, bandwidth=1.0), 4)
+        sketch.update(np.zeros((1, 2), dtype=np.float32))
+        sketch.query(np.zeros((1, 2), dtype=np.float32))
+        return time.perf_counter() - start
 
     # ------------------------------------------------------------------ secure-sum client
     async def dca_setup(
