@@ -28,6 +28,7 @@ from dpmarket.actors.evaluate import (
 )
 from dpmarket.actors.regress import add_regress_parser
 from dpmarket.actors.scenarios import digits_split
+from dpmarket.actors.sketch_cli import add_sketch_parser
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
 __all__ = ["main", "make_scenario"]
@@ -176,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume.set_defaults(func=_market)
     add_account_parser(sub)
     add_regress_parser(sub)
+    add_sketch_parser(sub)
     build_audit_parser(sub)
     evaluate = sub.add_parser(
         "evaluate", help="utility of every release mechanism at given budgets (in-process)"

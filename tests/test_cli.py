@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dpmarket.actors.cli import main
@@ -111,3 +112,51 @@ def test_regress_runs_through_the_secure_sum(capsys: pytest.CaptureFixture[str])
 def test_regress_refuses_a_bad_budget(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["regress", "--eps", "0"]) == 2
     assert "--eps" in capsys.readouterr().err
+
+
+def test_sketch_build_merge_release_query(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        rows = rng.normal(size=(300, 3))
+        text = "\n".join(",".join(f"{v:.5f}" for v in row) for row in rows)
+        (tmp_path / f"{name}.csv").write_text(text + "\nnot,a,number\n")
+    common = ["--features", "3", "--lower", "-4", "--upper", "4", "--rows", "20", "--width", "64"]
+    for name in ("a", "b"):
+        out = str(tmp_path / f"{name}.race")
+        assert main(["sketch", "build", str(tmp_path / f"{name}.csv"), *common, "--out", out]) == 0
+    merged = str(tmp_path / "m.race")
+    assert (
+        main(
+            ["sketch", "merge", str(tmp_path / "a.race"), str(tmp_path / "b.race"), "--out", merged]
+        )
+        == 0
+    )
+    released = str(tmp_path / "r.race")
+    assert main(["sketch", "release", merged, "--eps", "1", "--seed", "1", "--out", released]) == 0
+    capsys.readouterr()
+    (tmp_path / "q.csv").write_text("0,0,0\n3,3,3\n")
+    assert main(["sketch", "query", released, "--points", str(tmp_path / "q.csv")]) == 0
+    near, far = (float(v) for v in capsys.readouterr().out.split())
+    assert near > far  # the pool is centred at 0
+    rejects = (tmp_path / "a.race.rejects.jsonl").read_text().splitlines()
+    assert len(rejects) == 1 and '"non_numeric"' in rejects[0]
+    other = str(tmp_path / "o.race")
+    assert (
+        main(
+            [
+                "sketch",
+                "build",
+                str(tmp_path / "a.csv"),
+                *common[:-2],
+                "--width",
+                "32",
+                "--out",
+                other,
+            ]
+        )
+        == 0
+    )
+    assert main(["sketch", "merge", merged, other, "--out", str(tmp_path / "x.race")]) == 2
+    assert "width" in capsys.readouterr().err
