@@ -478,6 +478,25 @@ def insert_counts(
             np.add.at(flat, index, np.repeat(weights[start : start + step], rows))
 
 
+def mean_of_rows(
+    family: LshFamily, points: NDArray[np.float32], counts: NDArray[Any], backend: str
+) -> NDArray[np.float64] | None:
+    """The "mean" estimate of a few checked query points through the compiled kernel with as
+    little Python around it as possible (single-query latency); None when it does not apply
+    (numpy backend, or a batch large enough for the parallel kernel)."""
+    n = points.shape[0]
+    if backend != "numba" or n >= _PARALLEL_FROM:
+        return None
+    out = np.zeros((1, n))
+    kernel = _COMPILED.get("gather") or _compiled("gather")
+    kernel(points, family.projections, family.offsets, family.bits, family.mode, counts,
+           _NO_GROUPS, out)  # fmt: skip
+    return np.asarray(out[0] / family.rows, dtype=np.float64)
+
+
+_NO_GROUPS = np.zeros(0, dtype=np.int64)
+
+
 def gather_sums(
     family: LshFamily,
     points: NDArray[np.float32],

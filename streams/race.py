@@ -50,6 +50,7 @@ from dpmarket.streams.lsh import (
     gather_sums,
     insert_counts,
     make_family,
+    mean_of_rows,
     resolve_backend,
 )
 
@@ -266,6 +267,10 @@ class RaceQueries:
         mean with probability ``1 - delta`` (Lemma 3.3, Theorem 3.4).
         """
         points = as_points(Q, self.family.dim, "Q")
+        if estimator == "mean" and not normalize:
+            fast = mean_of_rows(self.family, points, self._counts, self.backend)
+            if fast is not None:
+                return fast
         estimate: NDArray[np.float64]
         if estimator == "mean":
             estimate = gather_sums(self.family, points, self._counts, _ALL_ROWS, 1, self.backend)[0]

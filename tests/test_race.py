@@ -67,6 +67,8 @@ def test_numba_and_numpy_backends_give_identical_counts(family: LshFamily, width
     Q = _data(40, seed=9)
     assert np.array_equal(fast.query(Q), slow.query(Q))
     assert np.array_equal(fast.query(Q[:3]), slow.query(Q[:3]))
+    assert np.array_equal(fast.query(Q[0]), slow.query(Q[0]))  # the single-query fast path
+    assert np.array_equal(fast.query(Q[:3]), fast.query(Q)[:3])  # same as the parallel kernel
     assert np.allclose(fast.query(Q, "median_of_means"), slow.query(Q, "median_of_means"))
 
 
