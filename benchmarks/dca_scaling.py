@@ -22,6 +22,7 @@ Last line: ``{"benchmark": "dca_scaling", "cells": [{"N", "d", "M", "seconds",
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -120,12 +121,10 @@ def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU of this process and ``pids`` (Linux /proc; 0 for the others)."""
     total = time.process_time()
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError, ValueError, IndexError):  # process already gone
             with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            pass
     return total
 
 
@@ -247,13 +246,10 @@ class LocalCluster:
 
 # ----------------------------------------------------------------------------- the grid
 def available_bytes() -> float:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/meminfo", encoding="ascii") as info:
+        for line in info:
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
     return 8e9
 
 

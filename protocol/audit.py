@@ -21,7 +21,8 @@ ledger loose: the score or the pair may simply not be the worst case.
 
 Scenarios below build the neighbouring pair for mechanisms of ``protocol/``: the Gaussian
 validation release and the summary channels of :mod:`.releases`, and the private auction;
-:mod:`dpmarket.actors.audit` adds the RACE and secure-sum releases. Pure: randomness in, no I/O.
+the audit command of the runtime layer (actors/audit.py) adds the RACE and secure-sum
+releases. Pure: randomness in, no I/O.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ Wake-ups: with ``watch=True`` a watchfiles watcher of the parent directory wakes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections import deque
@@ -243,11 +244,9 @@ class FileTailer:
         raise StopAsyncIteration
 
     async def _sleep(self) -> None:
-        try:
+        with contextlib.suppress(TimeoutError):  # the poll interval ran out: poll anyway
             async with asyncio.timeout(self.poll_interval):
                 await self._wake.wait()
-        except TimeoutError:
-            pass
         self._wake.clear()
 
     async def _watch(self) -> None:
