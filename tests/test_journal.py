@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -13,41 +12,19 @@ from dpmarket.protocol.curator import Curator, CuratorParams
 from dpmarket.protocol.errors import LocalProtocolError
 from dpmarket.protocol.journal import restore_curator, snapshot_curator
 from dpmarket.protocol.summarize import Owner
-from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
+from dpmarket.streams.synthetic import Scenario
+from tests.small import small_curator, small_params, small_scenario
 
 RUN = "journal-run"
 
 
 @pytest.fixture(scope="module")
 def scenario() -> Scenario:
-    return gaussian_mixture_shift(
-        np.random.default_rng(11),
-        n_points=800,
-        n_owners=4,
-        n_components=4,
-        dim=4,
-        n_validation=40,
-        n_test=100,
-        n_seed=20,
-    )
+    return small_scenario(11)
 
 
 def _params(scenario: Scenario, **kw: object) -> CuratorParams:
-    base = CuratorParams(
-        p=10,
-        d=32,
-        gamma=scenario.gamma,
-        h1_seed=1,
-        eps_validation=1.0,
-        validation_iterations=200,
-        seed_iterations=200,
-        eps_summary=1.0,
-        summary_iterations=10,
-        eps_auction=0.5,
-        tau=2,
-        max_lost=1,
-    )
-    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+    return small_params(scenario, **({"max_lost": 1} | kw))
 
 
 def _owners(scenario: Scenario) -> list[Owner]:
@@ -70,14 +47,7 @@ def _counts(curator: Curator, party: str) -> dict[str, int]:
 
 
 def test_losing_up_to_t_owners_is_tolerated(scenario: Scenario) -> None:
-    curator = Curator(
-        RUN,
-        list(scenario.owner_names),
-        scenario.validation,
-        scenario.seed_set,
-        _params(scenario),
-        np.random.default_rng(0),
-    )
+    curator = small_curator(RUN, scenario, _params(scenario), 0)
     faults = FaultPlan(kill_at={scenario.owner_names[0]: 2})
     _run(curator, _owners(scenario), faults, curator.start())
     assert curator.state == "done" and len(curator.provenance) == 10
@@ -86,14 +56,7 @@ def test_losing_up_to_t_owners_is_tolerated(scenario: Scenario) -> None:
 
 def test_refusal_above_t_then_resume_without_new_noise(scenario: Scenario) -> None:
     names = list(scenario.owner_names)
-    curator = Curator(
-        RUN,
-        names,
-        scenario.validation,
-        scenario.seed_set,
-        _params(scenario),
-        np.random.default_rng(1),
-    )
+    curator = small_curator(RUN, scenario, _params(scenario), 1)
     faults = FaultPlan(kill_at={names[0]: 4, names[1]: 4})
     _run(curator, _owners(scenario), faults, curator.start())
     assert curator.state == "refused"
@@ -124,14 +87,7 @@ def test_refusal_above_t_then_resume_without_new_noise(scenario: Scenario) -> No
 
 
 def test_snapshot_round_trip_is_exact(scenario: Scenario) -> None:
-    curator = Curator(
-        RUN,
-        list(scenario.owner_names),
-        scenario.validation,
-        scenario.seed_set,
-        _params(scenario, p=4),
-        np.random.default_rng(2),
-    )
+    curator = small_curator(RUN, scenario, _params(scenario, p=4), 2)
     _run(curator, _owners(scenario), None, curator.start())
     snap = snapshot_curator(curator)
     again = snapshot_curator(
@@ -141,14 +97,7 @@ def test_snapshot_round_trip_is_exact(scenario: Scenario) -> None:
 
 
 def test_resume_refuses_a_finished_run(scenario: Scenario) -> None:
-    curator = Curator(
-        RUN,
-        list(scenario.owner_names),
-        scenario.validation,
-        scenario.seed_set,
-        _params(scenario, p=2),
-        np.random.default_rng(3),
-    )
+    curator = small_curator(RUN, scenario, _params(scenario, p=2), 3)
     _run(curator, _owners(scenario), None, curator.start())
     with pytest.raises(LocalProtocolError, match="nothing to resume"):
         curator.resume()

@@ -23,40 +23,21 @@ from dpmarket.protocol.messages import (
 )
 from dpmarket.protocol.objective import hashed_bids
 from dpmarket.protocol.summarize import Owner
-from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
+from dpmarket.streams.synthetic import Scenario
+from tests.small import small_params, small_scenario
 
 RUN = "test-run"
 
 
 @pytest.fixture(scope="module")
 def scenario() -> Scenario:
-    return gaussian_mixture_shift(
-        np.random.default_rng(7),
-        n_points=1200,
-        n_owners=4,
-        n_components=4,
-        dim=5,
-        n_validation=60,
-        n_test=200,
-        n_seed=20,
-    )
+    return small_scenario(7, n_points=1200, dim=5, n_validation=60, n_test=200)
 
 
 def params(scenario: Scenario, **kw: object) -> CuratorParams:
-    base = CuratorParams(
-        p=12,
-        d=64,
-        gamma=scenario.gamma,
-        h1_seed=3,
-        eps_validation=1.0,
-        validation_iterations=300,
-        seed_iterations=300,
-        eps_summary=1.0,
-        summary_iterations=20,
-        eps_auction=0.5,
-        tau=2,
-    )
-    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+    base = {"p": 12, "d": 64, "h1_seed": 3, "validation_iterations": 300,
+            "seed_iterations": 300, "summary_iterations": 20}  # fmt: skip
+    return small_params(scenario, **(base | kw))
 
 
 def test_run_completes_with_provenance_and_bookkeeping(scenario: Scenario) -> None:

@@ -6,43 +6,18 @@ from __future__ import annotations
 import json
 import time
 
-import numpy as np
 import ray
 from ray.cluster_utils import Cluster
 
 from dpmarket.actors.runner import spawn_market
-from dpmarket.protocol.curator import CuratorParams
-from dpmarket.streams.synthetic import gaussian_mixture_shift
+from tests.small import small_params, small_scenario
 
 
 def case(cluster: Cluster, zone: str, on_zone: list[str], tolerance: int) -> dict[str, object]:
     node = cluster.add_node(num_cpus=1, resources={zone: 10})
     cluster.wait_for_nodes()
-    scenario = gaussian_mixture_shift(
-        np.random.default_rng(3),
-        n_points=800,
-        n_owners=4,
-        n_components=4,
-        dim=4,
-        n_validation=40,
-        n_test=100,
-        n_seed=20,
-    )
-    params = CuratorParams(
-        p=10,
-        d=32,
-        gamma=scenario.gamma,
-        h1_seed=1,
-        eps_validation=1.0,
-        validation_iterations=200,
-        seed_iterations=200,
-        eps_summary=1.0,
-        summary_iterations=10,
-        eps_auction=0.5,
-        tau=2,
-        phase_timeout=3.0,
-        max_lost=tolerance,
-    )
+    scenario = small_scenario(3)
+    params = small_params(scenario, phase_timeout=3.0, max_lost=tolerance)
     placement = {
         name: {zone: 1.0} if name in on_zone else {"head": 1.0} for name in scenario.owner_names
     }

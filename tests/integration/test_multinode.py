@@ -13,10 +13,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_removing_a_node_loses_its_owners() -> None:
-    script = Path(__file__).with_name("multinode_script.py")
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False
-    )
+        [sys.executable, "-m", "tests.integration.multinode_script"],
+        cwd=root, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     tolerated, refused = result["tolerated"], result["refused"]

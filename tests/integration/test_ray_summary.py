@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -12,41 +11,19 @@ import pytest
 from dpmarket.actors.runner import run_inprocess, run_ray
 from dpmarket.actors.transport import FaultPlan
 from dpmarket.protocol.curator import CuratorParams
-from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
+from dpmarket.streams.synthetic import Scenario
+from tests.small import small_params, small_scenario
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
 
 @pytest.fixture(scope="module")
 def scenario() -> Scenario:
-    return gaussian_mixture_shift(
-        np.random.default_rng(21),
-        n_points=900,
-        n_owners=4,
-        n_components=4,
-        dim=4,
-        n_validation=40,
-        n_test=100,
-        n_seed=20,
-    )
+    return small_scenario(21, n_points=900)
 
 
 def _params(scenario: Scenario, **kw: object) -> CuratorParams:
-    base = CuratorParams(
-        p=8,
-        d=32,
-        gamma=scenario.gamma,
-        h1_seed=2,
-        eps_validation=1.0,
-        validation_iterations=200,
-        seed_iterations=200,
-        eps_summary=1.0,
-        summary_iterations=10,
-        eps_auction=0.5,
-        tau=2,
-        phase_timeout=2.0,
-    )
-    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+    return small_params(scenario, **({"p": 8, "h1_seed": 2, "phase_timeout": 2.0} | kw))
 
 
 def test_ray_and_loopback_give_the_same_summary(scenario: Scenario) -> None:
