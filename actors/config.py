@@ -58,7 +58,13 @@ def load_demo_config(path: str | Path) -> DemoConfig:
     scen = data.get("scenario", {})
     _check_keys("scenario", scen, {"name", "seeds", "p", "delta"})
     summary = data.get("summary", {})
-    tunable = {f.name for f in dataclasses.fields(CuratorParams)} - {"p", "gamma", "h1_seed"}
+    tunable = {f.name for f in dataclasses.fields(CuratorParams)} - {
+        "p",
+        "gamma",
+        "h1_seed",
+        "center",
+        "scale",
+    }
     _check_keys("summary", summary, tunable)
     name = scen.get("name", "digits")
     if name not in _SCENARIOS:
@@ -87,7 +93,7 @@ def load_demo_config(path: str | Path) -> DemoConfig:
 # ------------------------------------------------------------------------ the market run
 _MARKET_SECTIONS = {
     "run": {"name", "seed", "out", "deadline_seconds"},
-    "market": {"owners", "compute_nodes", "tolerance", "summary_size"},
+    "market": {"owners", "compute_nodes", "tolerance", "summary_size", "owners_per_actor"},
     "data": {
         "source",
         "n_points",
@@ -109,10 +115,10 @@ _MARKET_SECTIONS = {
         "stream",
         "bound",
     },
-    "privacy": {"delta", "eps_normalise", "eps_scan", "secure_phases"},
+    "privacy": {"delta", "eps_normalise", "eps_scan", "secure_phases", "standardize"},
     "sketch": {"rows", "width", "bandwidth"},
     "summary": {f.name for f in dataclasses.fields(CuratorParams)}
-    - {"p", "gamma", "h1_seed", "phase_timeout", "max_lost", "known_colluders"},
+    - {"p", "gamma", "h1_seed", "phase_timeout", "max_lost", "known_colluders", "center", "scale"},
     "faults": {"kill", "slow", "colluders", "kill_curator_at", "kill_compute"},
 }
 
@@ -140,6 +146,7 @@ class MarketConfig:
     deadline_seconds: float = 5.0
     owners: int = 5
     compute_nodes: int = 3
+    owners_per_actor: int = 1
     tolerance: int = 1
     summary_size: int = 50
     data: dict[str, Any] = field(default_factory=dict)
@@ -243,6 +250,9 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         ),
         owners=K,
         compute_nodes=_int(name, "[market].compute_nodes", market.get("compute_nodes", 3), 1),
+        owners_per_actor=_int(
+            name, "[market].owners_per_actor", market.get("owners_per_actor", 1), 1
+        ),
         tolerance=T,
         summary_size=_int(name, "[market].summary_size", market.get("summary_size", 50), 1),
         data={k: v for k, v in data.get("data", {}).items() if k != "source"},
@@ -266,8 +276,12 @@ def _secure(path: str, privacy: dict[str, Any], sketch: dict[str, Any]) -> dict[
     enabled = privacy.get("secure_phases", True)
     if not isinstance(enabled, bool):
         raise ConfigError(f"{path}: [privacy].secure_phases: expected true or false")
+    standardize = privacy.get("standardize", True)
+    if not isinstance(standardize, bool):
+        raise ConfigError(f"{path}: [privacy].standardize: expected true or false")
     out: dict[str, Any] = {
         "enabled": enabled,
+        "standardize": standardize,
         "eps_normalise": _number(
             path, "[privacy].eps_normalise", privacy.get("eps_normalise", 0.5), 0.0, 100.0
         ),

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -186,9 +187,14 @@ class CuratorActor:
         self._curator.checkpoint_due = True
         return out
 
+    async def standardize(self, center: list[float], scale: list[float], gamma: float) -> None:
+        """Hash standardised features from now on (before ``run``; see Curator.standardize)."""
+        self._curator.standardize(center, scale, gamma)
+
     async def run(self, handles: dict[str, Any], faults: FaultPlan | None = None) -> dict[str, Any]:
         """Drive the run to completion or refusal; return the result as plain data."""
         curator = self._curator
+        started = time.perf_counter()
         first = curator.resume() if self._resumed else curator.start()
         self._checkpoint()
         transport = RayTransport(handles, faults)
@@ -197,7 +203,9 @@ class CuratorActor:
             curator, first, lambda: curator.state in ("done", "refused"), self._checkpoint
         )
         self._checkpoint()
-        return result_payload(curator.result(), curator, transport)
+        payload = result_payload(curator.result(), curator, transport)
+        payload["run_seconds"] = time.perf_counter() - started
+        return payload
 
 
 def result_payload(res: SummaryResult, curator: Curator, transport: RayTransport) -> dict[str, Any]:

@@ -100,7 +100,7 @@ class DcaHub:
             raise DcaUnavailable(f"compute nodes unreachable: {dead}")
         keys = dict(zip(self.nodes, answers, strict=True))
         calls = [
-            h.dca_setup.remote(self.config, keys, seeds.get(o), behaviours.get(o))
+            h.dca_setup.remote(o, self.config, keys, seeds.get(o), behaviours.get(o))
             for o, h in self.owners.items()
         ]
         frames = await asyncio.gather(*calls, return_exceptions=True)
@@ -116,7 +116,7 @@ class DcaHub:
         await self.route([encode(m) for m in self.aggregator.open_round(spec, deadline)])
         owners = list(self.owners)
         tasks = [
-            asyncio.ensure_future(self.owners[o].dca_contribute.remote(spec, what, options))
+            asyncio.ensure_future(self.owners[o].dca_contribute.remote(o, spec, what, options))
             for o in owners
         ]
         done, _ = await asyncio.wait(tasks, timeout=timeout)

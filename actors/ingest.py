@@ -136,7 +136,9 @@ def wait_for_ingest(owners: dict[str, Any], timeout: float = 600.0) -> dict[str,
     start = time.monotonic()
     while True:
         status = dict(
-            zip(owners, ray.get([h.ingest_status.remote() for h in owners.values()]), strict=True)
+            zip(
+                owners, ray.get([h.ingest_status.remote(o) for o, h in owners.items()]), strict=True
+            )
         )
         failed = {o: s["failed"] for o, s in status.items() if s["failed"]}
         if failed:

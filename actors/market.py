@@ -28,12 +28,12 @@ from dpmarket.actors.dca import moments_sensitivity
 from dpmarket.actors.evaluate import svm_accuracy
 from dpmarket.actors.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
 from dpmarket.actors.report import mmd2_by_prefix, write_outputs
-from dpmarket.actors.runner import OwnerInputs, RayMarket, spawn_market
+from dpmarket.actors.runner import OwnerInputs, RayMarket, spawn_market, unique_actors
 from dpmarket.actors.scenarios import digits_split
 from dpmarket.actors.transport import FaultPlan
 from dpmarket.protocol.objective import mmd2
 from dpmarket.streams.records import Schema
-from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
+from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift, median_heuristic_gamma
 
 __all__ = [
     "EXIT_OK",
@@ -113,13 +113,22 @@ def _drive(
     plan = FaultPlan(kill_at=dict(faults.kill), delay=dict(faults.slow))
     params = config.curator_params(inputs.gamma)
     market = spawn_market(
-        inputs.owners, params, config.seed, plan, config.name, str(journal), snapshot
+        inputs.owners,
+        params,
+        config.seed,
+        plan,
+        config.name,
+        str(journal),
+        snapshot,
+        owners_per_actor=config.owners_per_actor,
     )
     try:
         if inputs.files is not None and inputs.schema is not None:
             ray.get(
                 [
-                    market.owners[o].start_ingest.remote(paths, inputs.schema, str(attempt_dir / o))
+                    market.owners[o].start_ingest.remote(
+                        o, paths, inputs.schema, str(attempt_dir / o)
+                    )
                     for o, paths in inputs.files.items()
                 ]
             )
@@ -127,11 +136,12 @@ def _drive(
         if inputs.writer is not None:
             inputs.writer.start()
         secure = _secure_phases(config, inputs, market, snapshot)
+        standard = _standardize(config, inputs, market, secure, snapshot)
         payload = _summarise(config, market, plan, journal, snapshot)
-        payload["secure_phases"] = secure
+        payload["secure_phases"] = secure | {"standardize": standard}
         alive = {o: h for o, h in market.owners.items() if o not in payload["transport"]["dead"]}
-        statuses = ray.get([h.status.remote() for h in alive.values()])
-        ingest = ray.get([h.ingest_status.remote() for h in alive.values()])
+        statuses = ray.get([h.status.remote(o) for o, h in alive.items()])
+        ingest = ray.get([h.ingest_status.remote(o) for o, h in alive.items()])
         payload["owners"] = {
             o: st | {"ingested": ing["records"], "rejected_records": ing["rejected"]}
             for o, st, ing in zip(alive, statuses, ingest, strict=True)
@@ -203,7 +213,7 @@ def _secure_phases(
         if name in handles:
             ray.kill(handles[name], no_restart=True)
     _progress("owners: compiling sketch kernels")
-    ray.get([h.warm_up.remote() for h in market.owners.values()])
+    ray.get([h.warm_up.remote() for h in unique_actors(market.owners)])
     _progress("secure sums: normalise and scan")
     try:
         result: dict[str, Any] = ray.get(
@@ -214,6 +224,35 @@ def _secure_phases(
             ray.kill(handle)
     print(file=sys.stderr)
     return result
+
+
+def _standardize(
+    config: MarketConfig, inputs: _Inputs, market: RayMarket, secure: Any, snapshot: Any
+) -> dict[str, Any]:
+    """Standardise the features h1 hashes with the normalise round's DP means and spreads.
+
+    Post-processing of a release every owner was already charged for; the spreads are floored
+    at 1e-3 of the public clip bound so a (noisy) constant feature cannot blow up. The kernel
+    width is then the median heuristic on the public seed set in standardised units, unless
+    the config fixes ``[data].gamma``.
+    """
+    import ray
+
+    normalise = secure.get("normalise", {}) if isinstance(secure, dict) else {}
+    if snapshot is not None:
+        return {"applied": False, "reason": "resumed run: the journal holds the standardisation"}
+    if not config.secure["standardize"] or normalise.get("status") != "released":
+        reason = "disabled" if not config.secure["standardize"] else "no normalise release"
+        return {"applied": False, "reason": reason}
+    bound = float(config.data.get("bound", 10.0))
+    center = np.asarray(normalise["mean"], dtype=np.float64)
+    scale = np.maximum(np.asarray(normalise["std"], dtype=np.float64), 1e-3 * bound)
+    if "gamma" in config.data:
+        gamma = float(config.data["gamma"])
+    else:
+        gamma = median_heuristic_gamma((inputs.owners.seed_set - center) / scale)
+    ray.get(market.curator.standardize.remote(center.tolist(), scale.tolist(), gamma))
+    return {"applied": True, "center": center.tolist(), "scale": scale.tolist(), "gamma": gamma}
 
 
 def _summarise(

@@ -1,10 +1,11 @@
 """The owner actor: hosts an owner's sans-I/O parties and only decodes, calls, encodes.
 
-One Ray async actor per data owner. It holds the summarisation :class:`Owner` party (and, as the
-runtime grows, the owner's secure-sum client, RACE sketch and file tailer). Only msgpack frames
-cross the actor boundary: ``handle(frames)`` decodes each frame with the owner's replay guard,
-hands it to the party and returns the encoded replies. A refused frame is logged and dropped;
-the actor keeps serving.
+One Ray async actor per data owner (or per group of co-located owners in a simulation on few
+cores). Per owner it holds the summarisation :class:`Owner` party, the secure-sum client, the
+RACE sketch of its records for secure-sum rounds and its file tailers. Only msgpack frames
+cross the actor boundary: ``handle({owner: frames})`` decodes each frame with that owner's
+replay guard, hands it to the party and returns the encoded replies. A refused frame is logged
+and dropped; the actor keeps serving.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import os
 import secrets
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,45 +50,81 @@ def handle_frames(
     return replies, errors
 
 
+@dataclass
+class _Hosted:
+    """One owner inside an owner actor: its parties, replay guard, tailers and counters."""
+
+    party: Owner
+    guard: ReplayGuard
+    delay: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    tailers: dict[str, FileTailer] = field(default_factory=dict)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    ingested: int = 0
+    rejected: int = 0
+    dca: Client | None = None
+    dca_rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+
+
+OwnerData = tuple[npt.NDArray[np.float64] | int, npt.NDArray[np.float64] | None]
+
+
 @ray.remote(num_cpus=0)
 class OwnerActor:
-    """Ray actor around one owner. ``X`` is the owner's records, or their feature count when
-    the records arrive from files (:meth:`start_ingest`). ``delay`` simulates a slow owner."""
+    """Ray actor hosting one owner, or several co-located owners (a simulation on few cores;
+    in a deployment every owner runs its own actor on its own node). ``owners`` maps a name to
+    (records, labels), where records may be a feature count when they arrive from files
+    (:meth:`start_ingest`). ``delays`` simulates slow owners (seconds before every reply).
+
+    Every method names the owner it acts for; each hosted owner keeps its own party, replay
+    guard, secure-sum client and tailers, so co-location shares the process and nothing else.
+    """
 
     def __init__(
-        self,
-        name: str,
-        run: str,
-        X: npt.NDArray[np.float64] | int,
-        y: npt.NDArray[np.float64] | None,
-        delay: float = 0.0,
+        self, run: str, owners: dict[str, OwnerData], delays: dict[str, float] | None = None
     ) -> None:
-        # an int means "no records yet, this many features": records arrive by ingestion
-        X0 = np.zeros((0, X)) if isinstance(X, int) else X
-        self._party = Owner(name, run, X0, y)
-        self._guard = ReplayGuard()
-        self._delay = delay
-        self.errors: list[str] = []
-        self._tailers: dict[str, FileTailer] = {}
-        self._tasks: list[asyncio.Task[None]] = []
-        self.ingested = 0
-        self.rejected = 0
-        self._dca: Client | None = None
-        self._dca_rng = np.random.default_rng(0)
+        if not owners:
+            raise ValueError("owners: an owner actor hosts at least one owner")
+        delays = delays or {}
+        self._hosted: dict[str, _Hosted] = {}
+        for name, (X, y) in owners.items():
+            # an int means "no records yet, this many features": records arrive by ingestion
+            X0 = np.zeros((0, X)) if isinstance(X, int) else X
+            self._hosted[name] = _Hosted(
+                Owner(name, run, X0, y), ReplayGuard(), delays.get(name, 0.0)
+            )
 
-    async def handle(self, frames: list[bytes]) -> list[bytes]:
-        if self._delay:
-            await asyncio.sleep(self._delay)
-        replies, errors = handle_frames(self._party, self._guard, frames)
-        self.errors.extend(errors)
-        return replies
+    def _owner(self, name: str) -> _Hosted:
+        hosted = self._hosted.get(name)
+        if hosted is None:
+            raise KeyError(f"owner {name!r} is not hosted here (hosted: {sorted(self._hosted)})")
+        return hosted
+
+    async def handle(self, batches: dict[str, list[bytes]]) -> list[bytes]:
+        """Frames per hosted owner in, every reply frame out."""
+        hosted = [self._owner(name) for name in batches]
+        delay = max((h.delay for h in hosted), default=0.0)
+        if delay:
+            await asyncio.sleep(delay)
+        out: list[bytes] = []
+        for h, frames in zip(hosted, batches.values(), strict=True):
+            replies, errors = handle_frames(h.party, h.guard, frames)
+            h.errors.extend(errors)
+            out.extend(replies)
+        return out
 
     async def start_ingest(
-        self, inputs: list[str], schema: Schema, state_dir: str, poll_interval: float = 0.25
+        self,
+        owner: str,
+        inputs: list[str],
+        schema: Schema,
+        state_dir: str,
+        poll_interval: float = 0.25,
     ) -> None:
         """Follow each input file with a tailer: every valid record (clipped to the public
         bounds by the schema) is handed to the owner party, then the file offset is committed;
         rejects go to ``state_dir/rejects.jsonl`` with their source and byte offset."""
+        hosted = self._owner(owner)
         state = Path(state_dir)
         state.mkdir(parents=True, exist_ok=True)
         rejects = RejectsWriter(state / "rejects.jsonl")
@@ -95,35 +133,24 @@ class OwnerActor:
             tailer = FileTailer(
                 path, schema, state / f"{key}.pos", poll_interval=poll_interval, rejects=rejects
             )
-            self._tailers[path] = tailer
-            self._tasks.append(asyncio.get_running_loop().create_task(self._follow(tailer)))
+            hosted.tailers[path] = tailer
+            hosted.tasks.append(asyncio.get_running_loop().create_task(_follow(hosted, tailer)))
 
-    async def _follow(self, tailer: FileTailer) -> None:
-        async for batch in tailer:
-            if len(batch):
-                labels = batch.records.labels
-                self._party.add_records(
-                    batch.features.astype(np.float64),
-                    None if labels is None else np.asarray(labels, dtype=np.float64),
-                )
-            self.ingested += len(batch)
-            self.rejected += len(batch.records.rejects)
-            await tailer.commit(batch)
-
-    async def ingest_status(self) -> dict[str, Any]:
+    async def ingest_status(self, owner: str) -> dict[str, Any]:
         """Records taken in, rejects, and whether every input has been read to its current end."""
+        hosted = self._owner(owner)
         caught_up = all(
             t.read_offset >= os.path.getsize(path) if os.path.exists(path) else False
-            for path, t in self._tailers.items()
+            for path, t in hosted.tailers.items()
         )
         failed = [
             str(task.exception())
-            for task in self._tasks
+            for task in hosted.tasks
             if task.done() and not task.cancelled() and task.exception()
         ]
         return {
-            "records": self.ingested,
-            "rejected": self.rejected,
+            "records": hosted.ingested,
+            "rejected": hosted.rejected,
             "caught_up": caught_up,
             "failed": failed,
         }
@@ -140,6 +167,7 @@ class OwnerActor:
     # ------------------------------------------------------------------ secure-sum client
     async def dca_setup(
         self,
+        owner: str,
         config: DcaConfig,
         node_keys: dict[str, bytes],
         seed: int | None = None,
@@ -148,8 +176,8 @@ class OwnerActor:
         """Become this owner's secure-sum client; return the registration frames. ``seed`` makes
         the DP noise reproducible in simulation (OS entropy otherwise); ``behaviour`` simulates
         a colluder ("reveal" or "withhold" its noise)."""
-        name = self._party.name
-        self._dca = Client(
+        hosted, name = self._owner(owner), owner
+        hosted.dca = Client(
             config,
             f"client:{name}",
             node_keys,
@@ -157,11 +185,11 @@ class OwnerActor:
             {name: behaviour} if behaviour else None,
         )
         entropy = seed if seed is not None else secrets.randbits(128)
-        self._dca_rng = np.random.default_rng(entropy)
-        return [encode(m) for m in self._dca.start()]
+        hosted.dca_rng = np.random.default_rng(entropy)
+        return [encode(m) for m in hosted.dca.start()]
 
     async def dca_contribute(
-        self, spec: RoundSpec, what: str, options: dict[str, Any]
+        self, owner: str, spec: RoundSpec, what: str, options: dict[str, Any]
     ) -> list[bytes]:
         """This owner's contribution to a secure-sum round, as sealed share frames.
 
@@ -169,9 +197,10 @@ class OwnerActor:
         ``options['bound']``, and the record count. ``sketch``: the int64 counters of a RACE
         sketch of the records (``options``: family parameters and width).
         """
-        if self._dca is None:
-            raise RuntimeError("dca_contribute before dca_setup")
-        X = self._party.records()
+        hosted = self._owner(owner)
+        if hosted.dca is None:
+            raise RuntimeError(f"{owner}: dca_contribute before dca_setup")
+        X = hosted.party.records()
         if what == "moments":
             b = float(options["bound"])
             Xc = np.clip(X, -b, b)
@@ -192,22 +221,39 @@ class OwnerActor:
             row = sketch.counter_vector().astype(np.float64)
         else:
             raise ValueError(f"what: unknown contribution {what!r}")
-        frames = self._dca.contribute(spec, row[None, :], self._dca_rng)
+        frames = hosted.dca.contribute(spec, row[None, :], hosted.dca_rng)
         return [encode(m) for m in frames]
 
     async def add_records(
-        self, X: npt.NDArray[np.float64], y: npt.NDArray[np.float64] | None = None
+        self, owner: str, X: npt.NDArray[np.float64], y: npt.NDArray[np.float64] | None = None
     ) -> int:
         """New records, biddable from the next epoch on; returns the owner's record count."""
-        self._party.add_records(X, y)
-        return self._party.n_records
+        party = self._owner(owner).party
+        party.add_records(X, y)
+        return party.n_records
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self, owner: str) -> dict[str, Any]:
+        hosted = self._owner(owner)
+        party = hosted.party
         return {
-            "name": self._party.name,
-            "state": self._party.state,
-            "records": self._party.n_records,
-            "epochs_seen": self._party.epochs_seen,
-            "asks": self._party.asks,
-            "errors": list(self.errors),
+            "name": party.name,
+            "state": party.state,
+            "records": party.n_records,
+            "epochs_seen": party.epochs_seen,
+            "asks": party.asks,
+            "errors": list(hosted.errors),
         }
+
+
+async def _follow(hosted: _Hosted, tailer: FileTailer) -> None:
+    """Hand every batch a tailer yields to the owner party, then commit the file offset."""
+    async for batch in tailer:
+        if len(batch):
+            labels = batch.records.labels
+            hosted.party.add_records(
+                batch.features.astype(np.float64),
+                None if labels is None else np.asarray(labels, dtype=np.float64),
+            )
+        hosted.ingested += len(batch)
+        hosted.rejected += len(batch.records.rejects)
+        await tailer.commit(batch)

@@ -12,7 +12,8 @@
 - ``faults``: owners lost (epoch), frames late, deliveries rejected, what was tolerated/refused.
 - ``timings``: seconds per phase.
 - ``secure_phases``: the normalise round (DP pool count, per-feature means and spreads) and
-  the scan round (coverage of the validation set by the DP pool sketch), with their noise.
+  the scan round (coverage of the validation set by the DP pool sketch), with their noise;
+  ``standardize``: the center, scale and kernel width h1 used (post-processing of normalise).
 - ``owners``: per live owner at the end: records held, records ingested from files, rejects,
   epochs seen, times asked.
 - ``utility`` (simulation only, computed by the harness from data it generated, never by the

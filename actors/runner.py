@@ -25,9 +25,11 @@ __all__ = [
     "OwnerInputs",
     "RayMarket",
     "baselines",
+    "owner_groups",
     "run_inprocess",
     "run_ray",
     "spawn_market",
+    "unique_actors",
 ]
 
 
@@ -114,7 +116,7 @@ class RayMarket:
     def kill_all(self) -> None:
         import ray
 
-        for handle in [self.curator, *self.owners.values()]:
+        for handle in [self.curator, *unique_actors(self.owners)]:
             ray.kill(handle)
 
 
@@ -127,6 +129,7 @@ def spawn_market(
     journal: str | None = None,
     snapshot: dict[str, Any] | None = None,
     placement: dict[str, dict[str, float]] | None = None,
+    owners_per_actor: int = 1,
 ) -> RayMarket:
     """Spawn one owner actor per owner and the curator actor (Ray must be connected).
 
@@ -142,12 +145,12 @@ def spawn_market(
 
     faults, placement = faults or FaultPlan(), placement or {}
     inputs = scenario if isinstance(scenario, OwnerInputs) else OwnerInputs.of(scenario)
-    owners = {
-        name: OwnerActor.options(resources=placement.get(name, {})).remote(  # type: ignore[attr-defined]
-            name, run_id, X, y, faults.delay.get(name, 0.0)
+    owners: dict[str, Any] = {}
+    for group in owner_groups(list(inputs.owners), owners_per_actor, faults, placement):
+        handle = OwnerActor.options(resources=placement.get(group[0], {})).remote(  # type: ignore[attr-defined]
+            run_id, {name: inputs.owners[name] for name in group}, faults.delay
         )
-        for name, (X, y) in inputs.owners.items()
-    }
+        owners.update(dict.fromkeys(group, handle))
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
     def spawn_curator(snap: dict[str, Any] | None) -> Any:
@@ -165,6 +168,36 @@ def spawn_market(
     return RayMarket(owners, spawn_curator(snapshot), spawn_curator)
 
 
+def owner_groups(
+    names: list[str],
+    per_actor: int,
+    faults: FaultPlan,
+    placement: dict[str, dict[str, float]],
+) -> list[list[str]]:
+    """Which owners share an actor process: consecutive chunks of ``per_actor`` owners.
+
+    Co-location is for simulations on few cores (17 processes on 2 cores spend more time being
+    scheduled than computing). An owner under a simulated fault (killed or slow) or pinned to a
+    node gets an actor of its own, so the fault stays with that owner alone. Killing a shared
+    actor (a crash, or removing its node) loses every owner in it, as losing a machine would.
+    """
+    if per_actor < 1:
+        raise ValueError(f"owners_per_actor: must be >= 1, got {per_actor}")
+    alone = {n for n in names if n in faults.kill_at or faults.delay.get(n) or placement.get(n)}
+    groups = [[n] for n in names if n in alone]
+    shared = [n for n in names if n not in alone]
+    groups += [shared[i : i + per_actor] for i in range(0, len(shared), per_actor)]
+    return groups
+
+
+def unique_actors(owners: dict[str, Any]) -> list[Any]:
+    """Each owner actor once (co-located owners share a handle)."""
+    seen: dict[Any, None] = {}
+    for handle in owners.values():
+        seen.setdefault(handle, None)
+    return list(seen)
+
+
 def run_ray(
     scenario: Scenario,
     params: CuratorParams,
@@ -173,11 +206,21 @@ def run_ray(
     run_id: str = "run",
     journal: str | None = None,
     snapshot: dict[str, Any] | None = None,
+    owners_per_actor: int = 1,
 ) -> dict[str, Any]:
-    """Run Algorithm 3 with every party in its own Ray actor; return the curator's payload."""
+    """Run Algorithm 3 with the parties in Ray actors; return the curator's payload."""
     import ray
 
-    market = spawn_market(scenario, params, seed, faults, run_id, journal, snapshot)
+    market = spawn_market(
+        scenario,
+        params,
+        seed,
+        faults,
+        run_id,
+        journal,
+        snapshot,
+        owners_per_actor=owners_per_actor,
+    )
     try:
         payload: dict[str, Any] = ray.get(market.curator.run.remote(market.owners, faults))
     finally:

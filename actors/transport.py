@@ -125,11 +125,12 @@ class LoopbackTransport:
 class RayTransport:
     """Delivers a driving party's frames to Ray actors and feeds their replies back to it.
 
-    Runs inside an async actor (the curator's). Frames for each recipient go out as one
-    ``handle.remote(frames)`` call; replies are awaited with ``asyncio.wait`` up to the driving
-    party's deadline (never ``ray.get`` in async code). A recipient whose call raises
-    ``RayActorError`` is known dead and is reported to the party at once through ``lose``; a
-    recipient that simply does not answer in time is dropped when the party's deadline fires.
+    Runs inside an async actor (the curator's). Frames for each owner actor go out as one
+    ``handle.remote({owner: frames})`` call (several owners when they share an actor); replies
+    are awaited with ``asyncio.wait`` up to the driving party's deadline (never ``ray.get`` in
+    async code). An actor whose call raises ``RayActorError`` is known dead, with every owner
+    it hosts, and is reported to the party at once through ``lose``; an owner that simply does
+    not answer in time is dropped when the party's deadline fires.
     Late replies of an earlier phase are still handed to the party, which counts them as late.
     """
 
@@ -167,7 +168,7 @@ class RayTransport:
         import ray
 
         outbox = list(first)
-        pending: dict[asyncio.Future[Any], str] = {}
+        pending: dict[asyncio.Future[Any], tuple[str, ...]] = {}
         while not until():
             self._dispatch(outbox, pending)
             outbox = list(party.expire(self.clock()))
@@ -185,41 +186,42 @@ class RayTransport:
                 pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
             for fut in done:
-                owner = pending.pop(fut)
+                owners = pending.pop(fut)
                 try:
                     frames = fut.result()
                 except ray.exceptions.RayActorError:
-                    self.dead.add(owner)
-                    outbox.extend(party.lose({owner}))
+                    self.dead.update(owners)
+                    outbox.extend(party.lose(set(owners)))
                     continue
                 outbox.extend(self._receive(party, frames))
                 if on_step is not None:
                     on_step()
 
-    def _dispatch(self, outbox: list[Message], pending: dict[Any, str]) -> None:
+    def _dispatch(self, outbox: list[Message], pending: dict[Any, tuple[str, ...]]) -> None:
+        """Encode the outbox and send it as one call per actor (co-located owners share one)."""
         import asyncio
 
         import ray
 
-        by_recipient: dict[str, list[bytes]] = {}
+        by_actor: dict[Any, dict[str, list[bytes]]] = {}
         for msg in outbox:
             if self.faults.drop is not None and self.faults.drop(msg):
                 continue
+            handle = self.handles.get(msg.recipient)
+            if handle is None:
+                self.errors.append((msg.recipient, "no actor for this recipient"))
+                continue
             if self.faults.is_dead(msg.recipient, msg.round) and msg.recipient not in self.dead:
-                ray.kill(self.handles[msg.recipient], no_restart=True)
+                ray.kill(handle, no_restart=True)
                 self.dead.add(msg.recipient)
             frame = encode(msg)
             self.frames_sent += 1
             self.bytes_sent += len(frame)
-            by_recipient.setdefault(msg.recipient, []).append(frame)
-        for recipient, frames in sorted(by_recipient.items()):
-            handle = self.handles.get(recipient)
-            if handle is None:
-                self.errors.append((recipient, "no actor for this recipient"))
-                continue
+            by_actor.setdefault(handle, {}).setdefault(msg.recipient, []).append(frame)
+        for handle, batches in by_actor.items():
             self.calls += 1
-            ref = handle.handle.remote(frames)
-            pending[asyncio.ensure_future(ref)] = recipient
+            ref = handle.handle.remote(batches)
+            pending[asyncio.ensure_future(ref)] = tuple(batches)
 
     def _receive(self, party: Any, frames: list[bytes]) -> list[Message]:
         out: list[Message] = []

@@ -4,33 +4,49 @@ p = 1000 epochs; the same epochs on the in-process LoopbackTransport as the base
     python benchmarks/market_scale.py            # the issue's size
     python benchmarks/market_scale.py --quick    # 1e5 records, p = 100
 
-``ms_per_epoch`` is the Ray run's summarise phase divided by its epochs; ``ms_per_epoch_loopback``
-the same protocol, same seeds, in one process. Their difference is what messaging and actor
-scheduling cost per epoch (owners compute their bids in parallel under Ray, serially in-process).
-``seconds`` is end to end: connecting to Ray, spawning the actors, shipping the data, the run.
-Last line: one JSON object.
+Two Ray layouts run: owners co-located in as many actor processes as there are cores
+(``owners_per_actor = ceil(K / cores)``, the headline) and one actor process per owner.
+``ms_per_epoch`` is the curator's ``run`` (start, every epoch, finish; timed inside the curator
+actor, so without spawning and shipping data) divided by its epochs; ``ms_per_epoch_loopback``
+is the same protocol with the same seeds in one process, timed the same way. Their difference
+is what messaging and actor scheduling cost per epoch, less what running owners in parallel
+saves. ``seconds`` is end to end: connecting to Ray, spawning the actors, shipping the data,
+the run. Last line: one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import time
+from typing import Any
 
 import numpy as np
 
 from dpmarket.actors.cluster import connect
 from dpmarket.actors.runner import run_inprocess, run_ray
 from dpmarket.protocol.curator import CuratorParams
-from dpmarket.streams.synthetic import gaussian_mixture_shift
+from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
+
+
+def _ray_run(
+    scenario: Scenario, params: CuratorParams, per_actor: int
+) -> tuple[float, dict[str, Any]]:
+    tick = time.perf_counter()
+    payload = run_ray(scenario, params, seed=1, run_id="scale", owners_per_actor=per_actor)
+    return time.perf_counter() - tick, payload
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--owners", type=int, default=16)
+    parser.add_argument("--skip-one-per-actor", action="store_true")
     args = parser.parse_args()
     records, p = (100_000, 100) if args.quick else (1_000_000, 1000)
+    start = time.perf_counter()
     scenario = gaussian_mixture_shift(
         np.random.default_rng(0),
         n_points=records,
@@ -56,35 +72,50 @@ def main() -> None:
         tau=3,
         phase_timeout=30.0,
     )
-    start = time.perf_counter()
+    cores = os.cpu_count() or 1
+    per_actor = math.ceil(args.owners / cores)
     connect()
-    tick = time.perf_counter()
-    payload = run_ray(scenario, params, seed=1, run_id="scale")
-    ray_run = time.perf_counter() - tick
+    spawn_and_run, payload = _ray_run(scenario, params, per_actor)
     seconds = time.perf_counter() - start
+    single: tuple[float, dict[str, Any]] | None = None
+    if not args.skip_one_per_actor:
+        single = _ray_run(scenario, params, 1)
     tick = time.perf_counter()
     loop = run_inprocess(scenario, params, np.random.default_rng(1), run_id="scale").result
     loop_seconds = time.perf_counter() - tick
-    same = [(d["owner"], d["token"]) for d in payload["provenance"]] == [
-        (q.owner, q.token) for q in loop.provenance
-    ]
+    tokens = [(q.owner, q.token) for q in loop.provenance]
+    same = [(d["owner"], d["token"]) for d in payload["provenance"]] == tokens
     epochs = int(payload["epochs"])
-    ms_ray = 1000 * ray_run / epochs
+    ms_ray = 1000 * payload["run_seconds"] / epochs
     ms_loop = 1000 * loop_seconds / loop.epochs
-    rows = [
-        ("owners", args.owners),
-        ("records", records),
-        ("summary size p", p),
+    rows: list[tuple[str, object]] = [
+        ("owners / records / p", f"{args.owners} / {records} / {p}"),
         ("epochs", epochs),
-        ("end to end (s)", f"{seconds:.1f}"),
-        ("Ray spawn + run (s)", f"{ray_run:.1f}"),
+        (f"end to end, {per_actor} owners per actor (s)", f"{seconds:.1f}"),
+        ("  of which spawn + ship + run (s)", f"{spawn_and_run:.1f}"),
+        ("  of which the curator's run (s)", f"{payload['run_seconds']:.1f}"),
         ("loopback run (s)", f"{loop_seconds:.1f}"),
         ("ms per epoch, Ray", f"{ms_ray:.2f}"),
         ("ms per epoch, loopback", f"{ms_loop:.2f}"),
+        ("messaging per epoch (Ray - loopback)", f"{ms_ray - ms_loop:.2f}"),
         ("same summary under both", same),
     ]
+    extra: dict[str, Any] = {}
+    if single is not None:
+        single_seconds, single_payload = single
+        ms_single = 1000 * single_payload["run_seconds"] / int(single_payload["epochs"])
+        same_single = [(d["owner"], d["token"]) for d in single_payload["provenance"]] == tokens
+        rows += [
+            ("one actor per owner: spawn + ship + run (s)", f"{single_seconds:.1f}"),
+            ("one actor per owner: ms per epoch", f"{ms_single:.2f}"),
+            ("one actor per owner: same summary", same_single),
+        ]
+        extra = {
+            "seconds_one_per_actor": round(single_seconds, 2),
+            "ms_per_epoch_one_per_actor": round(ms_single, 3),
+        }
     for name, value in rows:
-        print(f"{name:<28} {value}")
+        print(f"{name:<46} {value}")
     print(
         json.dumps(
             {
@@ -93,9 +124,11 @@ def main() -> None:
                 "epochs": epochs,
                 "owners": args.owners,
                 "records": records,
+                "owners_per_actor": per_actor,
                 "ms_per_epoch": round(ms_ray, 3),
                 "ms_per_epoch_loopback": round(ms_loop, 3),
                 "same_summary": same,
+                **extra,
             }
         )
     )

@@ -23,6 +23,7 @@ Privacy (what the ledger charges, per protected party; delta and neighbouring as
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,8 +100,16 @@ class CuratorParams:
     candidate_center: float = 0.0
     candidate_scale: float = 1.0
     herding_residual_weight: float = 1.0
+    # Public standardisation of the features before h1 (the normalise round's DP means and
+    # spreads; None: raw features). Set through Curator.standardize before the run starts.
+    center: tuple[float, ...] | None = None
+    scale: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        for name in ("center", "scale"):  # a journal's JSON hands lists back
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(float(v) for v in value))
         checks = {
             "p": self.p >= 1,
             "d": self.d >= 1,
@@ -128,6 +137,8 @@ class CuratorParams:
             "candidate_distribution": self.candidate_distribution in CANDIDATE_DISTRIBUTIONS,
             "candidate_scale": self.candidate_scale > 0,
             "herding_residual_weight": self.herding_residual_weight >= 0,
+            "center, scale": (self.center is None) == (self.scale is None)
+            and (self.scale is None or min(self.scale, default=1.0) > 0),
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -216,10 +227,8 @@ class Curator:
         self.name, self.run, self.params, self.owners = CURATOR, run, params, list(owners)
         self._rng = rng
         self._out = Outbox(run, CURATOR)
-        self.h1 = RandomFourierFeatures(V.shape[1], params.d, params.gamma, params.h1_seed)
-        self._H_validation = self.h1(V)
-        self._H_seed = self.h1(D0)
-        self._seed_sum = self._H_seed.astype(np.float64).sum(axis=0)
+        self._V, self._D0 = V, D0
+        self._hash_inputs()
         self._h2 = MwemHash(params.d, params.grid_step, warm_start=params.warm_start)
         self.ledgers = {o: PrivacyLedger(o) for o in owners}
         self.ledgers["validation"] = PrivacyLedger("validation")
@@ -248,15 +257,58 @@ class Curator:
             ("asking", "summary.deliver"): self._on_deliver,
         }
 
+    def _hash_inputs(self) -> None:
+        p = self.params
+        self.h1 = RandomFourierFeatures(
+            self._V.shape[1], p.d, p.gamma, p.h1_seed, center=p.center, scale=p.scale
+        )
+        self._H_validation = self.h1(self._V)
+        self._H_seed = self.h1(self._D0)
+        self._seed_sum = self._H_seed.astype(np.float64).sum(axis=0)
+
+    def standardize(self, center: npt.ArrayLike, scale: npt.ArrayLike, gamma: float) -> None:
+        """Hash standardised features, ``(x - center) / scale``, with kernel width ``gamma`` in
+        those units; only before :meth:`start`. ``center`` and ``scale`` must be public (the
+        normalise round's DP release, already charged): using them is post-processing."""
+        if self.state != "new":
+            raise LocalProtocolError(f"standardize: only before start (state {self.state})")
+        params = dataclasses.replace(
+            self.params,
+            center=tuple(float(v) for v in np.asarray(center).ravel()),
+            scale=tuple(float(v) for v in np.asarray(scale).ravel()),
+            gamma=float(gamma),
+        )
+        previous = self.params
+        self.params = params
+        try:
+            self._hash_inputs()
+        except ValueError:
+            self.params = previous
+            self._hash_inputs()
+            raise
+
+    def _setup_body(self) -> SetupBody:
+        p = self.params
+        standard = p.center is not None and p.scale is not None
+        return SetupBody(
+            self.h1.n_features,
+            p.d,
+            p.gamma,
+            p.h1_seed,
+            p.tau,
+            p.less_trusted,
+            p.max_deliveries,
+            center=np.asarray(p.center, dtype=np.float64) if standard else None,
+            scale=np.asarray(p.scale, dtype=np.float64) if standard else None,
+        )
+
     # ------------------------------------------------------------------------------ start
     def start(self) -> list[Message]:
         """Publish the parameters and g_tilde, then open epoch 1."""
         if self.state != "new":
             raise LocalProtocolError(f"start: curator already started (state {self.state})")
         p = self.params
-        setup = SetupBody(
-            self.h1.n_features, p.d, p.gamma, p.h1_seed, p.tau, p.less_trusted, p.max_deliveries
-        )
+        setup = self._setup_body()
         # g_tilde and the summary channel (protocol/releases.py; both record their events). The
         # "mwem" channel warms h2 up on the public seed set here, free of privacy cost.
         g_validation = release_validation(
@@ -351,15 +403,13 @@ class Curator:
         auction that already ran in this epoch is reused, not redrawn (its charge stands)."""
         if self.state not in ("refused", "bidding", "asking"):
             raise LocalProtocolError(f"resume: nothing to resume in state {self.state}")
-        p, ep = self.params, self.epoch
+        ep = self.epoch
         self.live, self.state, self.reason, self.refusal = set(self.owners), "bidding", "", {}
         self.lost.clear()
         ep.bids.clear()
         ep.passed.clear()
         ep.deadline = None
-        setup = SetupBody(
-            self.h1.n_features, p.d, p.gamma, p.h1_seed, p.tau, p.less_trusted, p.max_deliveries
-        )
+        setup = self._setup_body()
         out = [self._out.make(o, ep.number, setup) for o in self.owners]
         out += [
             self._out.make(o, ep.number, ValidationBody(self._g_validation)) for o in self.owners

@@ -75,9 +75,22 @@ class RandomFourierFeatures:
     ``[-sqrt(2/d), sqrt(2/d)]``, so ``||h1(x)||_2 <= sqrt(2)``, and ``E[h1(x) . h1(y)] = k(x, y)``;
     for a fixed pair the deviation exceeds :func:`rahimi_recht_bound` ``(d, p)`` with
     probability at most ``p`` (the form used in the paper's Lemma 4).
+
+    ``center`` and ``scale`` (public, e.g. the DP pool means and spreads of the normalise round)
+    standardise each feature first: ``h1(x) = features((x - center) / scale)``, so the kernel is
+    ``exp(-gamma ||(x - y) / scale||^2)``. :meth:`hash_standardized` hashes points given in the
+    standardised coordinates directly. The bound on ``||h1(x)||_2`` is unchanged.
     """
 
-    def __init__(self, n_features: int, d: int, gamma: float, seed: int) -> None:
+    def __init__(
+        self,
+        n_features: int,
+        d: int,
+        gamma: float,
+        seed: int,
+        center: npt.ArrayLike | None = None,
+        scale: npt.ArrayLike | None = None,
+    ) -> None:
         self.n_features = _positive_int(n_features, "n_features")
         self.d = _positive_int(d, "d")
         self.gamma = _positive_float(gamma, "gamma")
@@ -92,6 +105,7 @@ class RandomFourierFeatures:
         self.omega.setflags(write=False)
         self.b.setflags(write=False)
         self._scale = np.float32(math.sqrt(2.0 / self.d))
+        self.center, self.scale = _standardisation(self.n_features, center, scale)
 
     def __call__(self, X: npt.ArrayLike) -> NDArray[np.float32]:
         """Hash rows of ``X`` (``(n, n_features)`` -> ``(n, d)``; ``(n_features,)`` -> ``(d,)``).
@@ -105,6 +119,19 @@ class RandomFourierFeatures:
                 f"got {points.shape}"
             )
         rows = points.reshape(-1, self.n_features)
+        if self.center is not None and self.scale is not None:
+            rows = (rows - self.center) / self.scale
+        out = self._features(rows)
+        return out[0] if points.ndim == 1 else out
+
+    def hash_standardized(self, Z: npt.ArrayLike) -> NDArray[np.float32]:
+        """Hash rows already in standardised coordinates (``(x - center) / scale``), ``(n, d)``."""
+        rows = _real_array(Z, "Z")
+        if rows.ndim != 2 or rows.shape[1] != self.n_features:
+            raise ValueError(f"Z must have shape (n, {self.n_features}), got {rows.shape}")
+        return self._features(rows)
+
+    def _features(self, rows: NDArray[Any]) -> NDArray[np.float32]:
         out = np.empty((rows.shape[0], self.d), dtype=np.float32)
         step = max(1, _CHUNK_ELEMENTS // max(self.d, self.n_features))
         for start in range(0, rows.shape[0], step):
@@ -113,7 +140,7 @@ class RandomFourierFeatures:
             block += self.b
             np.cos(block, out=block)
             block *= self._scale
-        return out[0] if points.ndim == 1 else out
+        return out
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RandomFourierFeatures):
@@ -129,8 +156,32 @@ class RandomFourierFeatures:
             f"gamma={self.gamma!r}, seed={self.seed})"
         )
 
-    def _key(self) -> tuple[int, int, float, int]:
-        return (self.n_features, self.d, self.gamma, self.seed)
+    def _key(self) -> tuple[object, ...]:
+        standard = None
+        if self.center is not None and self.scale is not None:
+            standard = (self.center.tobytes(), self.scale.tobytes())
+        return (self.n_features, self.d, self.gamma, self.seed, standard)
+
+
+def _standardisation(
+    n_features: int, center: npt.ArrayLike | None, scale: npt.ArrayLike | None
+) -> tuple[NDArray[np.float64] | None, NDArray[np.float64] | None]:
+    """Checked (center, scale) vectors, or (None, None) for no standardisation."""
+    if center is None and scale is None:
+        return None, None
+    if center is None or scale is None:
+        raise ValueError("center and scale: give both or neither")
+    c = np.asarray(_real_array(center, "center"), dtype=np.float64)
+    s = np.asarray(_real_array(scale, "scale"), dtype=np.float64)
+    if c.shape != (n_features,) or s.shape != (n_features,):
+        raise ValueError(
+            f"center and scale must have shape ({n_features},), got {c.shape} and {s.shape}"
+        )
+    if not (s > 0).all():
+        raise ValueError("scale: every entry must be positive")
+    c.setflags(write=False)
+    s.setflags(write=False)
+    return c, s
 
 
 def rahimi_recht_bound(d: int, failure_prob: float) -> float:

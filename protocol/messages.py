@@ -475,7 +475,8 @@ class ReplayGuard:
 class SetupBody(Body):
     """Curator -> owner: the public parameters of the run (h1 is shared by everybody).
 
-    ``max_deliveries``: an owner withdraws a point after delivering it this many times."""
+    ``max_deliveries``: an owner withdraws a point after delivering it this many times.
+    ``center`` and ``scale`` (added later, optional): h1 hashes ``(x - center) / scale``."""
 
     n_features: int
     d: int
@@ -484,6 +485,8 @@ class SetupBody(Body):
     tau: int
     less_trusted: bool = False
     max_deliveries: int = 3
+    center: Array | None = None
+    scale: Array | None = None
 
 
 @register("summary.validation")

@@ -264,7 +264,8 @@ class TreeChannel:
 def public_candidates(params: ReleaseParams, n_features: int) -> F64:
     """Public random candidate points for herding, from a generator seeded by the public h1 seed.
 
-    "gaussian": ``N(center, scale^2 I)``; "uniform": ``U[center - scale, center + scale]^n``.
+    "gaussian": ``N(center, scale^2 I)``; "uniform": ``U[center - scale, center + scale]^n``,
+    in the coordinates h1 hashes (standardised ones when the run standardises its features).
     """
     rng = np.random.default_rng([params.h1_seed, 0x4E8D])
     shape = (params.n_candidates, n_features)
@@ -342,7 +343,7 @@ def make_summary_channel(
     if kind == "tree":
         return TreeChannel(params)
     if kind == "herding":
-        candidates = h1(public_candidates(params, h1.n_features))
+        candidates = h1.hash_standardized(public_candidates(params, h1.n_features))
         return HerdingChannel(g_validation, candidates, params.herding_residual_weight)
     raise ValueError(f"summary_release must be one of {SUMMARY_RELEASES}, got {kind!r}")
 

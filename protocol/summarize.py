@@ -63,11 +63,15 @@ _OWNER_STATES = ("new", "awaiting_validation", "idle", "bidding", "finished")
 
 @dataclass
 class _OwnerStore:
-    """Records an owner holds: features, labels and their h1 hashes (hashed once)."""
+    """Records an owner holds: features, labels and their h1 hashes (hashed once).
+
+    ``HT`` holds the hashes feature-major (d x n, C-contiguous): the per-epoch bid product
+    ``direction @ HT`` then streams each hash coordinate once, about 2.5x faster than
+    ``H @ direction`` on n x d rows here."""
 
     X: F64
     y: F64
-    H: npt.NDArray[np.float32] | None = None
+    HT: npt.NDArray[np.float32] | None = None
 
 
 class Owner:
@@ -148,9 +152,19 @@ class Owner:
             raise RemoteProtocolError(
                 "summary.setup: d, gamma, tau and max_deliveries must be positive"
             )
-        h1 = RandomFourierFeatures(body.n_features, body.d, body.gamma, body.h1_seed)
+        try:
+            h1 = RandomFourierFeatures(
+                body.n_features,
+                body.d,
+                body.gamma,
+                body.h1_seed,
+                center=body.center,
+                scale=body.scale,
+            )
+        except ValueError as exc:
+            raise RemoteProtocolError(f"summary.setup: {exc}") from None
         self._h1, self._setup = h1, body
-        self._store.H = h1(self._store.X)
+        self._store.HT = np.ascontiguousarray(h1(self._store.X).T, dtype=np.float32)
         self.state = "awaiting_validation"
         return []
 
@@ -172,7 +186,7 @@ class Owner:
         self.state = "bidding"
         self.epochs_seen += 1
         store = self._store
-        assert store.H is not None and self._g_validation is not None
+        assert store.HT is not None and self._g_validation is not None
         assert self._setup is not None
         biddable = self._deliveries < self._setup.max_deliveries
         if not biddable.any():
@@ -181,7 +195,7 @@ class Owner:
         # one float32 matrix-vector product scores every record (the curator re-checks the
         # winner's bid in float64 within its verification tolerance)
         direction = bid_direction(self._g_validation, g, body.summary_size)
-        bids = np.where(biddable, store.H @ direction.astype(np.float32), -np.inf)
+        bids = np.where(biddable, direction.astype(np.float32) @ store.HT, -np.inf)
         token = int(np.argmax(bids))
         self._bids = {token: float(bids[token])}
         return [self._out.make(msg.sender, msg.round, BidBody(token, float(bids[token])))]
@@ -194,9 +208,9 @@ class Owner:
         store, token = self._store, body.token
         self._deliveries[token] += 1
         label = float(store.y[token])
-        assert self._setup is not None and store.H is not None
+        assert self._setup is not None and store.HT is not None
         if self._setup.less_trusted:
-            hashed = np.asarray(store.H[token], dtype=np.float32)
+            hashed = np.ascontiguousarray(store.HT[:, token], dtype=np.float32)
             deliver = DeliverBody(token, hashed=hashed, label=label)
         else:
             deliver = DeliverBody(token, point=store.X[token].copy(), label=label)
@@ -215,12 +229,12 @@ class Owner:
     def _ingest_pending(self) -> None:
         if not self._pending:
             return
-        assert self._h1 is not None and self._store.H is not None
+        assert self._h1 is not None and self._store.HT is not None
         X_new = np.concatenate([x for x, _ in self._pending])
         y_new = np.concatenate([y for _, y in self._pending])
         self._pending.clear()
         store = self._store
         store.X = np.concatenate([store.X, X_new])
         store.y = np.concatenate([store.y, y_new])
-        store.H = np.concatenate([store.H, self._h1(X_new)])
+        store.HT = np.concatenate([store.HT, self._h1(X_new).T.astype(np.float32)], axis=1)
         self._deliveries = np.concatenate([self._deliveries, np.zeros(len(X_new), np.int64)])

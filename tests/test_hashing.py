@@ -326,3 +326,36 @@ def test_h2_same_seed_same_release() -> None:
     np.testing.assert_array_equal(first.measurements, second.measurements)
     assert not np.array_equal(first.measurements, other.measurements)
     assert not first.mean.flags.writeable
+
+
+def test_h1_standardisation_is_hashing_the_standardised_point() -> None:
+    rng = np.random.default_rng(4)
+    X = rng.normal(50.0, 7.0, size=(30, 3))
+    center, scale = np.array([50.0, 49.0, 51.0]), np.array([7.0, 6.5, 8.0])
+    plain = RandomFourierFeatures(3, 64, 0.3, seed=2)
+    standard = RandomFourierFeatures(3, 64, 0.3, seed=2, center=center, scale=scale)
+    Z = (X - center) / scale
+    np.testing.assert_allclose(standard(X), plain(Z), atol=1e-6)
+    np.testing.assert_allclose(standard.hash_standardized(Z), plain(Z), atol=1e-6)
+    np.testing.assert_allclose(standard(X[0]), plain(Z[0]), atol=1e-6)
+    assert standard != plain  # the map differs, so equality must see the standardisation
+    # the kernel it approximates is the RBF in standardised units
+    big = RandomFourierFeatures(3, 20000, 0.3, seed=2, center=center, scale=scale)
+    H = big(X[:5]).astype(np.float64)
+    np.testing.assert_allclose(H @ H.T, rbf_kernel(Z[:5], Z[:5], 0.3), atol=0.05)
+
+
+@pytest.mark.parametrize(
+    ("center", "scale", "message"),
+    [
+        (np.zeros(3), None, "both or neither"),
+        (np.zeros(2), np.ones(2), "shape"),
+        (np.zeros(3), np.array([1.0, 0.0, 1.0]), "positive"),
+        (np.array([0.0, np.nan, 0.0]), np.ones(3), "NaN"),
+    ],
+)
+def test_h1_standardisation_rejects_bad_center_or_scale(
+    center: NDArray[np.float64], scale: NDArray[np.float64] | None, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        RandomFourierFeatures(3, 8, 0.3, seed=0, center=center, scale=scale)

@@ -106,3 +106,14 @@ def test_resume_refuses_a_finished_run(scenario: Scenario) -> None:
 def test_bad_journal_version_is_refused(scenario: Scenario) -> None:
     with pytest.raises(ValueError, match="unsupported version"):
         restore_curator({"journal_version": 99}, scenario.validation, scenario.seed_set)
+
+
+def test_snapshot_keeps_the_standardisation(scenario: Scenario) -> None:
+    curator = small_curator(RUN, scenario, _params(scenario, p=3), 4)
+    k = scenario.validation.shape[1]
+    curator.standardize(np.full(k, 0.5), np.full(k, 2.0), 0.25)
+    _run(curator, _owners(scenario), None, curator.start())
+    snap = json.loads(json.dumps(snapshot_curator(curator)))
+    restored = restore_curator(snap, scenario.validation, scenario.seed_set)
+    assert restored.h1 == curator.h1 and restored.params.gamma == 0.25
+    assert restored.params.scale == (2.0,) * k

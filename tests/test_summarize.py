@@ -10,7 +10,7 @@ import pytest
 from dpmarket.actors.runner import run_inprocess
 from dpmarket.actors.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.curator import Curator, CuratorParams
-from dpmarket.protocol.errors import RemoteProtocolError
+from dpmarket.protocol.errors import LocalProtocolError, RemoteProtocolError
 from dpmarket.protocol.hashing import RandomFourierFeatures
 from dpmarket.protocol.messages import (
     AskBody,
@@ -283,3 +283,55 @@ def test_dropped_asks_fire_the_asking_deadline(scenario: Scenario) -> None:
     assert any(o == victim and phase == "asking" for _, o, phase in res.dropped)
     assert all(p.owner != victim for p in res.provenance)
     assert run.transport.dropped_frames > 0
+
+
+def test_standardised_run_hashes_the_same_features_on_both_sides(scenario: Scenario) -> None:
+    # features on wildly different scales: standardising by public means and spreads fixes
+    # the kernel; owners must hash exactly what the curator verifies against
+    scale_up = np.array([1.0, 100.0, 0.01, 5.0, 1000.0])
+    shifted = dataclasses.replace(
+        scenario,
+        owners=[(X * scale_up + 3.0, y) for X, y in scenario.owners],
+        validation=scenario.validation * scale_up + 3.0,
+        seed_set=scenario.seed_set * scale_up + 3.0,
+    )
+    owners = {
+        name: Owner(name, RUN, X, y)
+        for name, (X, y) in zip(shifted.owner_names, shifted.owners, strict=True)
+    }
+    curator = Curator(
+        RUN,
+        list(owners),
+        shifted.validation,
+        shifted.seed_set,
+        params(scenario),
+        np.random.default_rng(3),
+    )
+    pooled = np.concatenate([X for X, _ in shifted.owners])
+    curator.standardize(pooled.mean(axis=0), pooled.std(axis=0), scenario.gamma)
+    transport = LoopbackTransport([curator, *owners.values()])
+    transport.send(curator.start())
+    transport.run_until(lambda: curator.done)
+    res = curator.result()
+    assert res.reason == "complete" and not transport.errors
+    assert all(why == "point is already in the summary" for _, _, why in res.rejected)
+    for owner in owners.values():
+        assert owner._h1 == curator.h1  # same map, standardisation included
+    with pytest.raises(LocalProtocolError, match="before start"):
+        curator.standardize(np.zeros(5), np.ones(5), 1.0)
+    assert curator.params.center == tuple(pooled.mean(axis=0))
+
+
+def test_standardize_refuses_bad_vectors_and_keeps_the_curator(scenario: Scenario) -> None:
+    curator = Curator(
+        RUN,
+        scenario.owner_names,
+        scenario.validation,
+        scenario.seed_set,
+        params(scenario),
+        np.random.default_rng(3),
+    )
+    before = curator.h1
+    with pytest.raises(ValueError, match="scale"):
+        curator.standardize(np.zeros(5), np.zeros(5), 1.0)
+    assert curator.h1 == before and curator.params.center is None

@@ -59,6 +59,10 @@ def test_run_writes_summary_report_and_plots(tmp_path: Path) -> None:
     events = report["privacy"]["parties"]["owner-2"]["events"]["events"]
     labels = {e["label"]: e["mechanism"] for e in events}
     assert labels["normalise (secure sum)"] == labels["scan (secure sum)"] == "gaussian"
+    # h1 hashed the features standardised by the normalise round's DP means and spreads
+    standard = secure["standardize"]
+    assert standard["applied"] and standard["center"] == normalise["mean"]
+    assert all(s >= 3e-3 for s in standard["scale"]) and standard["gamma"] > 0
     assert main(["run", str(ROOT / "configs" / "demo.toml"), "--out", str(out)]) == 2
 
 

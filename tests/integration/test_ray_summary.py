@@ -26,16 +26,20 @@ def _params(scenario: Scenario, **kw: object) -> CuratorParams:
     return small_params(scenario, **({"p": 8, "h1_seed": 2, "phase_timeout": 2.0} | kw))
 
 
-def test_ray_and_loopback_give_the_same_summary(scenario: Scenario) -> None:
+@pytest.mark.parametrize("per_actor", [1, 2])
+def test_ray_and_loopback_give_the_same_summary(scenario: Scenario, per_actor: int) -> None:
     params = _params(scenario)
     loop = run_inprocess(scenario, params, np.random.default_rng(5), run_id="eq").result
-    ray_run = run_ray(scenario, params, seed=5, run_id="eq")
+    ray_run = run_ray(scenario, params, seed=5, run_id="eq", owners_per_actor=per_actor)
     assert ray_run["state"] == "done"
     assert [(p["owner"], p["token"]) for p in ray_run["provenance"]] == [
         (p.owner, p.token) for p in loop.provenance
     ]
     np.testing.assert_array_equal(ray_run["points"], loop.points)
     assert ray_run["ledgers"] == {k: v.to_dict() for k, v in loop.ledgers.items()}
+    if per_actor > 1:  # co-located owners share one call per actor process per phase
+        actors = -(-len(scenario.owner_names) // per_actor)
+        assert ray_run["transport"]["calls"] <= actors * 2 * (ray_run["epochs"] + 2)
 
 
 def test_killed_owner_actor_is_dropped_and_the_run_completes(scenario: Scenario) -> None:

@@ -1,0 +1,54 @@
+"""Placement of owners in actor processes and the market config keys that control it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dpmarket.actors.config import ConfigError, load_market_config
+from dpmarket.actors.runner import owner_groups
+from dpmarket.actors.transport import FaultPlan
+
+NAMES = [f"owner-{i}" for i in range(1, 8)]
+
+
+def test_owners_are_chunked_and_faulty_or_pinned_owners_stand_alone() -> None:
+    assert owner_groups(NAMES, 1, FaultPlan(), {}) == [[n] for n in NAMES]
+    assert owner_groups(NAMES, 3, FaultPlan(), {}) == [NAMES[0:3], NAMES[3:6], NAMES[6:]]
+    faults = FaultPlan(kill_at={"owner-2": 4}, delay={"owner-5": 1.0})
+    groups = owner_groups(NAMES, 4, faults, {"owner-7": {"node-b": 1.0}})
+    assert groups[:3] == [["owner-2"], ["owner-5"], ["owner-7"]]
+    assert groups[3:] == [["owner-1", "owner-3", "owner-4", "owner-6"]]
+    assert sorted(n for g in groups for n in g) == sorted(NAMES)  # everybody exactly once
+
+
+def test_owners_per_actor_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="owners_per_actor"):
+        owner_groups(NAMES, 0, FaultPlan(), {})
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[market]\nowners_per_actor = 0\n", "[market].owners_per_actor"),
+        ("[privacy]\nstandardize = 'yes'\n", "[privacy].standardize"),
+        ("[summary]\ncenter = [0.0]\n", "center"),
+    ],
+)
+def test_market_config_refuses_bad_placement_and_standardisation_keys(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        load_market_config(path)
+
+
+def test_market_config_defaults_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "ok.toml"
+    path.write_text("[market]\nowners = 4\n")
+    config = load_market_config(path)
+    assert config.owners_per_actor == 1 and config.secure["standardize"] is True
+    config = load_market_config(path, ["market.owners_per_actor=2", "privacy.standardize=false"])
+    assert config.owners_per_actor == 2 and config.secure["standardize"] is False
