@@ -115,7 +115,15 @@ _MARKET_SECTIONS = {
         "stream",
         "bound",
     },
-    "privacy": {"delta", "eps_normalise", "eps_scan", "secure_phases", "standardize"},
+    "privacy": {
+        "delta",
+        "eps_normalise",
+        "eps_scan",
+        "secure_phases",
+        "standardize",
+        "refresh_every",
+        "eps_refresh",
+    },
     "sketch": {"rows", "width", "bandwidth"},
     "summary": {f.name for f in dataclasses.fields(CuratorParams)}
     - {"p", "gamma", "h1_seed", "phase_timeout", "max_lost", "known_colluders", "center", "scale"},
@@ -286,9 +294,13 @@ def _secure(path: str, privacy: dict[str, Any], sketch: dict[str, Any]) -> dict[
             path, "[privacy].eps_normalise", privacy.get("eps_normalise", 0.5), 0.0, 100.0
         ),
         "eps_scan": _number(path, "[privacy].eps_scan", privacy.get("eps_scan", 0.5), 0.0, 100.0),
+        "refresh_every": _int(path, "[privacy].refresh_every", privacy.get("refresh_every", 0), 0),
         "rows": _int(path, "[sketch].rows", sketch.get("rows", 50), 1),
         "width": _int(path, "[sketch].width", sketch.get("width", 256), 2),
     }
+    out["eps_refresh"] = _number(
+        path, "[privacy].eps_refresh", privacy.get("eps_refresh", out["eps_scan"]), 0.0, 100.0
+    )
     if "bandwidth" in sketch:
         out["bandwidth"] = _number(path, "[sketch].bandwidth", sketch["bandwidth"], 0.0, 1e12)
     return out

@@ -7,6 +7,7 @@ drawing new noise). It talks to owner actors only through :class:`RayTransport` 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
@@ -21,6 +22,7 @@ import numpy.typing as npt
 import ray
 
 from dpmarket.actors.dca import DcaHub, DcaUnavailable, moments_sensitivity, record_for_owners
+from dpmarket.actors.refresh import PoolRefresher
 from dpmarket.actors.transport import FaultPlan, RayTransport
 from dpmarket.protocol.accounting import ADD_REMOVE, PrivacyLedger
 from dpmarket.protocol.curator import Curator, CuratorParams, SummaryResult
@@ -50,19 +52,12 @@ def _moments_summary(result: RoundResult, k: int) -> dict[str, Any]:
     }
 
 
-def _scan_summary(
-    result: RoundResult,
-    sk: dict[str, Any],
-    validation: npt.NDArray[np.float64],
-    moments: dict[str, Any],
-) -> dict[str, Any]:
-    """Coverage of the validation set by the pool: mean KDE of the DP pool sketch at the
-    validation points, per pooled record (the sketch's kernel; 1 = every record collides)."""
-    if result.value is None:
-        return {"status": result.status, "reason": result.reason}
+def _pool_release(result: RoundResult, sk: dict[str, Any], n_features: int) -> RaceRelease:
+    """The released sketch counters of a secure-sum round as a RACE release with its cost."""
+    assert result.value is not None
     family = make_family(
         sk["family"],
-        validation.shape[1],
+        n_features,
         int(sk["rows"]),
         int(sk["seed"]),
         bandwidth=float(sk["bandwidth"]),
@@ -71,12 +66,29 @@ def _scan_summary(
     statement = PrivacyStatement(
         "gaussian", (result.sigma_std,), result.sensitivity, ADD_REMOVE, None, 0.0
     )
-    release = RaceRelease.from_counter_vector(template, result.value, statement)
+    return RaceRelease.from_counter_vector(template, result.value, statement)
+
+
+def _coverage(release: RaceRelease, validation: npt.NDArray[np.float64], total: float) -> float:
+    """Mean KDE of the DP pool sketch at the validation points, per pooled record (the
+    sketch's kernel; 1 = every record collides with every validation point)."""
     density = release.query(validation.astype(np.float32))
+    return float(np.mean(density) / max(total, 1.0))
+
+
+def _scan_summary(
+    result: RoundResult,
+    release: RaceRelease | None,
+    validation: npt.NDArray[np.float64],
+    moments: dict[str, Any],
+) -> dict[str, Any]:
+    """Coverage of the validation set by the pool (see :func:`_coverage`)."""
+    if result.value is None or release is None:
+        return {"status": result.status, "reason": result.reason}
     total = float(moments.get("count", 1.0))
     return {
         "status": result.status,
-        "coverage": float(np.mean(density) / max(total, 1.0)),
+        "coverage": _coverage(release, validation, total),
         "sigma": result.sigma_std,
         "missing": list(result.missing),
     }
@@ -121,6 +133,8 @@ class CuratorActor:
         self._validation = np.asarray(validation, dtype=np.float64)
         self._journal = Path(journal) if journal else None
         self._transport: RayTransport | None = None
+        self._refresher: PoolRefresher | None = None
+        self._refresh_task: asyncio.Task[None] | None = None
 
     def _checkpoint(self) -> None:
         if self._journal is not None and self._curator.checkpoint_due:
@@ -181,7 +195,18 @@ class CuratorActor:
         )
         counters = await hub.round(spec, "sketch", sk, plan["timeout"])
         record_for_owners(self._curator.ledgers, counters, "scan (secure sum)")
-        out["scan"] = _scan_summary(counters, sk, self._validation, out["normalise"])
+        n = self._validation.shape[1]
+        pool = _pool_release(counters, sk, n) if counters.value is not None else None
+        out["scan"] = _scan_summary(counters, pool, self._validation, out["normalise"])
+        if int(plan.get("refresh_every", 0)) > 0:
+            self._refresher = PoolRefresher(
+                hub,
+                plan,
+                pool,
+                counters,
+                lambda result: _pool_release(result, sk, n),
+                lambda release, total: _coverage(release, self._validation, total),
+            )
         out["absent"] = {str(r): a for r, a in hub.absent.items()}
         out["errors"] = hub.errors[:20]
         self._curator.checkpoint_due = True
@@ -200,12 +225,39 @@ class CuratorActor:
         transport = RayTransport(handles, faults)
         self._transport = transport
         await transport.drive(
-            curator, first, lambda: curator.state in ("done", "refused"), self._checkpoint
+            curator, first, lambda: curator.state in ("done", "refused"), self._on_step
         )
+        if self._refresh_task is not None:  # let a refresh in flight finish (or time out)
+            await asyncio.wait([self._refresh_task])
         self._checkpoint()
         payload = result_payload(curator.result(), curator, transport)
         payload["run_seconds"] = time.perf_counter() - started
+        if self._refresher is not None:
+            payload["refreshes"] = self._refresher.history
         return payload
+
+    def _on_step(self) -> None:
+        """After every state change: journal, and start a pool refresh when one is due."""
+        self._checkpoint()
+        refresher, curator = self._refresher, self._curator
+        busy = self._refresh_task is not None and not self._refresh_task.done()
+        if refresher is None or busy or curator.state in ("done", "refused"):
+            return
+        if refresher.due(curator.epoch.number):
+            self._refresh_task = asyncio.ensure_future(self._refresh(curator.epoch.number))
+
+    async def _refresh(self, epoch: int) -> None:
+        assert self._refresher is not None
+        try:
+            released = await self._refresher.refresh(epoch, self._curator.ledgers)
+        except Exception as exc:  # an owner or node failing mid-round: report, run goes on
+            self._refresher.history.append(
+                {"epoch": epoch, "status": "failed", "reason": repr(exc)}
+            )
+            return
+        if released:  # the ledgers changed: journal them
+            self._curator.checkpoint_due = True
+            self._checkpoint()
 
 
 def result_payload(res: SummaryResult, curator: Curator, transport: RayTransport) -> dict[str, Any]:

@@ -138,7 +138,10 @@ def _drive(
         secure = _secure_phases(config, inputs, market, snapshot)
         standard = _standardize(config, inputs, market, secure, snapshot)
         payload = _summarise(config, market, plan, journal, snapshot)
-        payload["secure_phases"] = secure | {"standardize": standard}
+        payload["secure_phases"] = secure | {
+            "standardize": standard,
+            "refreshes": payload.pop("refreshes", []),
+        }
         alive = {o: h for o, h in market.owners.items() if o not in payload["transport"]["dead"]}
         statuses = ray.get([h.status.remote(o) for o, h in alive.items()])
         ingest = ray.get([h.ingest_status.remote(o) for o, h in alive.items()])
@@ -156,7 +159,8 @@ def _drive(
 def _secure_phases(
     config: MarketConfig, inputs: _Inputs, market: RayMarket, snapshot: Any
 ) -> dict[str, Any]:
-    """Spawn the compute nodes and run normalise + scan through the curator's hub."""
+    """Spawn the compute nodes and run normalise + scan through the curator's hub; with
+    ``[privacy].refresh_every`` the nodes stay up for the refresh rounds (actors/refresh.py)."""
     import ray
 
     from dpmarket.actors.compute import ComputeNodeActor
@@ -178,6 +182,7 @@ def _secure_phases(
         for d, eps, sens in (
             (2 * k + 1, secure["eps_normalise"], moments_sensitivity(k, bound)),
             (rows * width, secure["eps_scan"], float(np.sqrt(rows))),
+            (rows * width, secure["eps_refresh"], float(np.sqrt(rows))),
         )
     )
     nodes = tuple(f"compute-{i + 1}" for i in range(config.compute_nodes))
@@ -199,6 +204,8 @@ def _secure_phases(
         "bound": bound,
         "eps_normalise": secure["eps_normalise"],
         "eps_scan": secure["eps_scan"],
+        "refresh_every": secure["refresh_every"],
+        "eps_refresh": secure["eps_refresh"],
         "delta": delta,
         "timeout": max(2.0, config.deadline_seconds),
         "sketch": {
@@ -215,13 +222,14 @@ def _secure_phases(
     _progress("owners: compiling sketch kernels")
     ray.get([h.warm_up.remote() for h in unique_actors(market.owners)])
     _progress("secure sums: normalise and scan")
-    try:
-        result: dict[str, Any] = ray.get(
-            market.curator.secure_phases.remote(handles, market.owners, plan)
-        )
-    finally:
+    market.compute_nodes = handles  # killed with the market
+    result: dict[str, Any] = ray.get(
+        market.curator.secure_phases.remote(handles, market.owners, plan)
+    )
+    if not secure["refresh_every"]:  # no refresh rounds later: the nodes can go now
         for handle in handles.values():
             ray.kill(handle)
+        market.compute_nodes = {}
     print(file=sys.stderr)
     return result
 

@@ -64,6 +64,9 @@ class _Hosted:
     rejected: int = 0
     dca: Client | None = None
     dca_rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    # secure-sum round -> how many of the owner's records (a prefix: records only grow at the
+    # end) its sketch contribution to that round covered; deltas start where a released one ended
+    sketched: dict[int, int] = field(default_factory=dict)
 
 
 OwnerData = tuple[npt.NDArray[np.float64] | int, npt.NDArray[np.float64] | None]
@@ -195,7 +198,10 @@ class OwnerActor:
 
         ``moments``: per-feature sums and sums of squares of the records clipped to
         ``options['bound']``, and the record count. ``sketch``: the int64 counters of a RACE
-        sketch of the records (``options``: family parameters and width).
+        sketch of the records (``options``: family parameters and width). ``sketch_delta``: the
+        same over only the records added since the round ``options['base_rounds'][owner]``
+        (the last released round this owner was counted in; every record if none), so
+        successive deltas cover disjoint record sets.
         """
         hosted = self._owner(owner)
         if hosted.dca is None:
@@ -205,7 +211,13 @@ class OwnerActor:
             b = float(options["bound"])
             Xc = np.clip(X, -b, b)
             row = np.concatenate([Xc.sum(axis=0), (Xc**2).sum(axis=0), [float(len(Xc))]])
-        elif what == "sketch":
+        elif what in ("sketch", "sketch_delta"):
+            start = 0
+            if what == "sketch_delta":
+                base = options.get("base_rounds", {}).get(owner)
+                start = hosted.sketched.get(base, 0) if base is not None else 0
+            hosted.sketched[spec.round] = len(X)
+            X = X[start:]
             sketch = RaceSketch(
                 make_family(
                     options["family"],

@@ -6,7 +6,7 @@ loopback transport, kicks the curator off and waits until it is done.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -112,11 +112,12 @@ class RayMarket:
     owners: dict[str, Any]
     curator: Any
     spawn_curator: Any  # Callable[[snapshot | None], curator handle]
+    compute_nodes: dict[str, Any] = field(default_factory=dict)  # alive while the run needs them
 
     def kill_all(self) -> None:
         import ray
 
-        for handle in [self.curator, *unique_actors(self.owners)]:
+        for handle in [self.curator, *unique_actors(self.owners), *self.compute_nodes.values()]:
             ray.kill(handle)
 
 

@@ -33,6 +33,8 @@ def test_owners_per_actor_must_be_positive() -> None:
     [
         ("[market]\nowners_per_actor = 0\n", "[market].owners_per_actor"),
         ("[privacy]\nstandardize = 'yes'\n", "[privacy].standardize"),
+        ("[privacy]\nrefresh_every = -1\n", "[privacy].refresh_every"),
+        ("[privacy]\neps_refresh = 0\n", "[privacy].eps_refresh"),
         ("[summary]\ncenter = [0.0]\n", "center"),
     ],
 )

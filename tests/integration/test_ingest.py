@@ -90,9 +90,24 @@ def test_streaming_owners_take_in_records_written_during_the_run(tmp_path: Path)
         "data.stream.interval=0.2",
         "--set",
         "data.n_points=2000",
+        "--set",
+        "privacy.refresh_every=5",
     ]
     assert main(args) == 0
     report = json.loads((out / "report.json").read_text())
     ingested = [o["ingested"] for o in report["owners"].values()]
     initial = [round(0.4 * 500)] * 4
     assert all(i > first for i, first in zip(ingested, initial, strict=True))
+    # the pool sketch was refreshed every 5 epochs from disjoint deltas, each one charged
+    refreshes = report["secure_phases"]["refreshes"]
+    released = [r for r in refreshes if r["status"] == "released"]
+    assert len(released) >= 3 and [r["epoch"] for r in refreshes][:2] == [5, 10]
+    events = report["privacy"]["parties"]["owner-3"]["events"]["events"]
+    charged = sum(e["count"] for e in events if e["label"] == "scan refresh (secure sum)")
+    assert charged == len(released)
+    # records counted once: the accumulated sketch's size estimate stays within 6 noise
+    # standard deviations of what the owners hold (re-sending old records would multiply it)
+    last = released[-1]
+    rows, width = 50, 256  # configs/stream.toml's [sketch] defaults
+    std = last["sigma"] * np.sqrt(last["releases"] * width / rows)
+    assert abs(last["records_estimate"] - sum(ingested)) < 6 * std < sum(ingested)
