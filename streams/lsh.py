@@ -15,9 +15,11 @@ that the sketch estimates.
 
 Both families share one parametrisation: ``projections: float32[dim, rows * bits]`` and
 ``offsets: float32[rows * bits]`` (``a/r`` and ``b/r`` for L2, so ``l(x) = floor(x.a' + b')``;
-zeros for SRP). The projection of record ``x`` on column ``j`` is accumulated in float32 in the
-fixed order ``((b'_j + x_0 a'_0j) + x_1 a'_1j) + ...`` by both backends (numba kernel and numpy
-fallback), so they produce identical codes. L2 codes are clamped to ``[-2^30, 2^30]``.
+zeros for SRP), stacked as ``affine: float32[dim + 1, rows * bits]`` (offsets on top). The
+projection of record ``x`` on column ``j`` is accumulated in float32 in the fixed order
+``((b'_j + x_0 a'_0j) + x_1 a'_1j) + ...`` here and by the compiled kernels of
+:mod:`dpmarket.streams.race_kernels`, so they produce identical codes. L2 codes are clamped to
+``[-2^30, 2^30]``.
 """
 
 from __future__ import annotations
@@ -30,29 +32,18 @@ import numpy as np
 import numpy.typing as npt
 from numpy.typing import NDArray
 
-numba: Any
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba is a declared dependency
-    numba = None
-
 __all__ = [
-    "BACKENDS",
     "CODE_LIMIT",
     "MAX_ABS_INPUT",
     "L2Lsh",
     "LshFamily",
     "SrpLsh",
     "as_points",
-    "gather_sums",
-    "insert_counts",
     "l2_collision_probability",
     "make_family",
-    "resolve_backend",
     "srp_collision_probability",
 ]
 
-BACKENDS = ("auto", "numba", "numpy")
 CODE_LIMIT = 2**30  # L2 codes are clamped to [-CODE_LIMIT, CODE_LIMIT]
 MAX_ABS_INPUT = 1e15  # larger coordinates are refused (records are clipped upstream)
 MAX_PROJECTION_ENTRIES = 2**24  # dim * rows * bits: bounds the memory a peer's frame can ask for
@@ -62,17 +53,6 @@ _FLOAT32 = np.dtype(np.float32)
 # Abramowitz & Stegun 7.1.26: |erf(z) - approx| <= 1.5e-7 for z >= 0.
 _AS_P = 0.3275911
 _AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
-
-
-def resolve_backend(backend: str) -> str:
-    """``"numba"`` or ``"numpy"`` for a requested backend (``"auto"``: numba when available)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "numba" and numba is None:
-        raise ValueError("backend 'numba' requested but numba is not importable")
-    if backend == "auto":
-        return "numpy" if numba is None else "numba"
-    return backend
 
 
 def as_points(X: npt.ArrayLike, dim: int, name: str = "X") -> NDArray[np.float32]:
@@ -159,10 +139,12 @@ class LshFamily(ABC):
                 f"{MAX_PROJECTION_ENTRIES}"
             )
         projections, offsets = self._draw(np.random.default_rng(self.seed))
-        self.projections: NDArray[np.float32] = np.ascontiguousarray(projections, np.float32)
-        self.offsets: NDArray[np.float32] = np.ascontiguousarray(offsets, np.float32)
-        self.projections.setflags(write=False)
-        self.offsets.setflags(write=False)
+        # offsets on top of the projections in one block: what the single-query kernel reads
+        affine = np.vstack((offsets[None], projections)).astype(np.float32)
+        affine.setflags(write=False)
+        self.affine: NDArray[np.float32] = affine
+        self.offsets: NDArray[np.float32] = affine[0]
+        self.projections: NDArray[np.float32] = affine[1:]
 
     @abstractmethod
     def _draw(self, rng: np.random.Generator) -> tuple[NDArray[Any], NDArray[Any]]:
@@ -319,208 +301,3 @@ def make_family(
             raise ValueError(f"srp family takes no bandwidth, got {bandwidth!r}")
         return SrpLsh(dim, rows, bits, seed)
     raise ValueError(f"family must be 'l2' or 'srp', got {name!r}")
-
-
-# ----------------------------------------------------- fused kernels: hash, then count/gather
-# Both backends compute the projections in the float32 order of ``LshFamily.codes`` and map a
-# code to column ``code mod W`` (a mask when W is a power of two, else an exact float
-# reciprocal with a one-step correction), so their counts are identical.
-def _insert_kernel(
-    points_t: Any, projections: Any, offsets: Any, bits: int, mode: int, weights: Any, counts: Any
-) -> None:  # pragma: no cover - compiled by numba
-    """Add each record's weight to counter ``l_r(x) mod W`` of every row r; rows in parallel."""
-    dim, n = points_t.shape
-    rows, width = counts.shape
-    lo, hi = np.float32(-CODE_LIMIT), np.float32(CODE_LIMIT)
-    mask = width - 1
-    inverse = 1.0 / width
-    for r in numba.prange(rows):
-        proj = np.empty(_BLOCK, dtype=np.float32)
-        cols = np.empty(_BLOCK, dtype=np.int32)
-        for start in range(0, n, _BLOCK):
-            m = min(_BLOCK, n - start)
-            for b in range(bits):
-                c = r * bits + b
-                for i in range(m):
-                    proj[i] = offsets[c]
-                for k in range(dim):
-                    a = projections[k, c]
-                    column = points_t[k, start : start + m]  # 1-d views vectorise, 2-d do not
-                    for i in range(m):
-                        proj[i] += column[i] * a
-                if mode == 0:
-                    for i in range(m):
-                        v = min(max(proj[i], lo), hi)
-                        code = np.int32(v)
-                        cols[i] = code - np.int32(v < code)
-                elif b == 0:
-                    for i in range(m):
-                        cols[i] = np.int32(proj[i] >= 0)
-                else:
-                    for i in range(m):
-                        cols[i] |= np.int32(proj[i] >= 0) << b
-            if (width & mask) == 0:
-                for i in range(m):
-                    cols[i] &= mask
-            else:
-                for i in range(m):
-                    col = cols[i] - np.int32(np.float64(cols[i]) * inverse) * width
-                    col = col + width if col < 0 else col
-                    cols[i] = col - width if col >= width else col
-            row = counts[r]
-            if weights.shape[0] == 0:
-                for i in range(m):
-                    row[cols[i]] += 1
-            else:
-                for i in range(m):
-                    row[cols[i]] += weights[start + i]
-
-
-def _gather_kernel(
-    queries: Any,
-    projections: Any,
-    offsets: Any,
-    bits: int,
-    mode: int,
-    counts: Any,
-    row_group: Any,
-    out: Any,
-) -> None:  # pragma: no cover - compiled by numba
-    """``out[g, i] += S[r, l_r(q_i) mod W]`` for every row r of group g; query blocks in
-    parallel. Three phases per query (projections, flat counter indices, gather) so that the
-    first two vectorise and the gather issues independent loads."""
-    n, dim = queries.shape
-    rows, width = counts.shape
-    lo, hi = np.float32(-CODE_LIMIT), np.float32(CODE_LIMIT)
-    mask = width - 1
-    inverse = 1.0 / width
-    flat = counts.reshape(-1)
-    for block in numba.prange((n + _QUERY_BLOCK - 1) // _QUERY_BLOCK):
-        proj = np.empty(offsets.shape[0], dtype=np.float32)
-        index = np.empty(rows, dtype=np.int64)
-        for i in range(block * _QUERY_BLOCK, min(n, (block + 1) * _QUERY_BLOCK)):
-            proj[:] = offsets
-            for k in range(dim):
-                qk = queries[i, k]
-                weights = projections[k]
-                for j in range(proj.shape[0]):
-                    proj[j] += qk * weights[j]
-            if mode == 0:
-                for r in range(rows):
-                    v = min(max(proj[r], lo), hi)
-                    code = np.int32(v)
-                    index[r] = code - np.int32(v < code)
-            else:
-                for r in range(rows):
-                    code = np.int32(0)
-                    for b in range(bits):
-                        code |= np.int32(proj[r * bits + b] >= 0) << b
-                    index[r] = code
-            if (width & mask) == 0:
-                for r in range(rows):
-                    index[r] = r * width + (index[r] & mask)
-            else:
-                for r in range(rows):
-                    col = index[r] - np.int64(np.float64(index[r]) * inverse) * width
-                    col = col + width if col < 0 else col
-                    index[r] = r * width + (col - width if col >= width else col)
-            if out.shape[0] == 1:
-                total = out[0, i]
-                for r in range(rows):
-                    total += flat[index[r]]
-                out[0, i] = total
-            else:
-                for r in range(rows):
-                    out[row_group[r], i] += flat[index[r]]
-
-
-_BLOCK = 2048  # records per block of the insert kernel (fits in L1 with the row's counters)
-_PARALLEL_FROM = 32  # query batches at least this large use the parallel gather kernel
-_QUERY_BLOCK = 16  # queries per parallel task of the gather kernel
-_COMPILED: dict[str, Any] = {}
-
-
-def _compiled(name: str) -> Any:
-    """A numba kernel compiled on first use: ``insert``, ``gather`` or ``gather_parallel``."""
-    if name not in _COMPILED:
-        source = _insert_kernel if name == "insert" else _gather_kernel
-        # cache=True: numba keeps the compiled kernel in __pycache__ (its own cache, not a data
-        # file of ours), so a new process does not pay the ~10 s compilation again
-        kernel = numba.njit(parallel=name != "gather", boundscheck=False, cache=True)
-        _COMPILED[name] = kernel(source)
-    return _COMPILED[name]
-
-
-def insert_counts(
-    family: LshFamily,
-    points: NDArray[np.float32],
-    weights: NDArray[np.int64] | None,
-    counts: NDArray[np.int64],
-    backend: str,
-) -> None:
-    """``counts[r, l_r(x) mod W] += w_x`` for every checked record x and row r (in place)."""
-    if backend == "numba":
-        _compiled("insert")(
-            np.ascontiguousarray(points.T), family.projections, family.offsets, family.bits,
-            family.mode, np.zeros(0, dtype=np.int64) if weights is None else weights, counts,
-        )  # fmt: skip
-        return
-    rows, width = counts.shape
-    flat = counts.reshape(-1)
-    row_offsets = np.arange(rows, dtype=np.int64) * width
-    step = max(1, _CHUNK_ELEMENTS // rows)
-    for start in range(0, points.shape[0], step):
-        cols = np.mod(family.codes(points[start : start + step]), width)
-        index = (cols + row_offsets).ravel()
-        if weights is None:
-            flat += np.bincount(index, minlength=rows * width)
-        else:
-            np.add.at(flat, index, np.repeat(weights[start : start + step], rows))
-
-
-def mean_of_rows(
-    family: LshFamily, points: NDArray[np.float32], counts: NDArray[Any], backend: str
-) -> NDArray[np.float64] | None:
-    """The "mean" estimate of a few checked query points through the compiled kernel with as
-    little Python around it as possible (single-query latency); None when it does not apply
-    (numpy backend, or a batch large enough for the parallel kernel)."""
-    n = points.shape[0]
-    if backend != "numba" or n >= _PARALLEL_FROM:
-        return None
-    out = np.zeros((1, n))
-    kernel = _COMPILED.get("gather") or _compiled("gather")
-    kernel(points, family.projections, family.offsets, family.bits, family.mode, counts,
-           _NO_GROUPS, out)  # fmt: skip
-    return np.asarray(out[0] / family.rows, dtype=np.float64)
-
-
-_NO_GROUPS = np.zeros(0, dtype=np.int64)
-
-
-def gather_sums(
-    family: LshFamily,
-    points: NDArray[np.float32],
-    counts: NDArray[Any],
-    row_group: NDArray[np.int64],
-    groups: int,
-    backend: str,
-) -> NDArray[np.float64]:
-    """``float64[groups, n]``: per query, the sum of ``counts[r, l_r(q) mod W]`` over the rows
-    r of each group (``row_group`` maps a row to its group, contiguous groups; it is not read
-    when ``groups == 1``)."""
-    out = np.zeros((groups, points.shape[0]))
-    if backend == "numba":
-        name = "gather" if points.shape[0] < _PARALLEL_FROM else "gather_parallel"
-        _compiled(name)(
-            points, family.projections, family.offsets, family.bits, family.mode, counts,
-            row_group, out,
-        )  # fmt: skip
-        return out
-    rows, width = counts.shape
-    starts = np.flatnonzero(np.diff(row_group, prepend=-1)) if groups > 1 else np.zeros(1, int)
-    row_index = np.arange(rows)
-    step = max(1, _CHUNK_ELEMENTS // rows)
-    for start in range(0, points.shape[0], step):
-        values = counts[row_index, np.mod(family.codes(points[start : start + step]), width)]
-        out[:, start : start + step] = np.add.reduceat(values.astype(np.float64), starts, 1).T
-    return out

@@ -29,6 +29,7 @@ from dpmarket.streams.race import (
     gaussian_epsilon,
     gaussian_sigma,
 )
+from dpmarket.streams.race_kernels import mean_of_one
 
 DIM = 3
 
@@ -70,6 +71,56 @@ def test_numba_and_numpy_backends_give_identical_counts(family: LshFamily, width
     assert np.array_equal(fast.query(Q[0]), slow.query(Q[0]))  # the single-query fast path
     assert np.array_equal(fast.query(Q[:3]), fast.query(Q)[:3])  # same as the parallel kernel
     assert np.allclose(fast.query(Q, "median_of_means"), slow.query(Q, "median_of_means"))
+
+
+@pytest.mark.parametrize(
+    ("family", "width"), [(_l2(), 1000), (_l2(), 1024), (SrpLsh(DIM, 40, 3, seed=2), 7)]
+)
+def test_single_query_fast_path_is_bit_identical_to_the_batch_kernel(
+    family: LshFamily, width: int
+) -> None:
+    sketch = RaceSketch(family, width, weight_bound=3)
+    X = _data(4000) * 3
+    sketch.update(X)
+    sketch.update(X[:700], np.random.default_rng(5).integers(-3, 4, 700))
+    release = sketch.release_laplace(1.0, np.random.default_rng(6))
+    Q = _data(40, seed=11) * 3
+    for target in (sketch, release):
+        batch = target.query(Q)  # 40 queries: the parallel gather kernel
+        for i, q in enumerate(Q):
+            assert mean_of_one(q, family, target.counts) is not None  # the fast path applies
+            assert np.array_equal(target.query(q), batch[i : i + 1])
+            assert np.array_equal(target.query(q.astype(np.float64)), batch[i : i + 1])
+        strided = np.asfortranarray(Q)[5]  # a non-contiguous float32 row
+        assert not strided.flags.c_contiguous
+        assert np.array_equal(target.query(strided), batch[5:6])
+
+
+def test_single_query_takes_the_float_path_when_an_int64_sum_could_differ() -> None:
+    template = RaceSketch(_l2(rows=4), 8)
+    values = np.ones((4, 8), dtype=np.int64)
+    values[0] = 2**53  # float64 row-order sum: 2^53 + 1 + 1 + 1 rounds to 2^53 at every step
+    statement = PrivacyStatement("laplace", (1.0,), 4.0, race.ADD_REMOVE, 4.0, 0.0)
+    release = RaceRelease(template, values, statement)
+    q = _data(1)[0]
+    assert mean_of_one(q, template.family, release.counts) is None
+    assert release.query(q)[0] == 2.0**51 != float(2**53 + 3) / 4  # not the exact int64 sum
+    assert np.array_equal(release.query(q), release.query(q[None]))
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [([np.nan, 0, 0], "NaN"), ([0, -np.inf, 0], "NaN"), ([0, 0, 3e15], "above"),
+     ([0, 0], "shape"), ([0, 0, 0, 0], "shape")],
+)  # fmt: skip
+def test_bad_single_queries_are_refused_with_the_general_messages(
+    query: list[float], message: str
+) -> None:
+    sketch = _sketch()
+    point = np.array(query, dtype=np.float32)
+    assert mean_of_one(point, sketch.family, sketch.counts) is None
+    with pytest.raises(ValueError, match=message):
+        sketch.query(point)
 
 
 def test_counters_hold_one_increment_per_row_at_the_hashed_column() -> None:
