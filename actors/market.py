@@ -26,11 +26,11 @@ from dpmarket.actors.cluster import connect
 from dpmarket.actors.config import ConfigError, FaultConfig, MarketConfig, load_market_config
 from dpmarket.actors.dca import moments_sensitivity
 from dpmarket.actors.evaluate import svm_accuracy
+from dpmarket.actors.faults import FaultPlan, fault_verdicts
 from dpmarket.actors.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
 from dpmarket.actors.report import mmd2_by_prefix, write_outputs
 from dpmarket.actors.runner import OwnerInputs, RayMarket, spawn_market, unique_actors
 from dpmarket.actors.scenarios import digits_split
-from dpmarket.actors.transport import FaultPlan
 from dpmarket.protocol.objective import mmd2
 from dpmarket.streams.records import Schema
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift, median_heuristic_gamma
@@ -142,6 +142,7 @@ def _drive(
             "standardize": standard,
             "refreshes": payload.pop("refreshes", []),
         }
+        payload["fault_verdicts"] = fault_verdicts(config.faults, payload, config.tolerance)
         alive = {o: h for o, h in market.owners.items() if o not in payload["transport"]["dead"]}
         statuses = ray.get([h.status.remote(o) for o, h in alive.items()])
         ingest = ray.get([h.ingest_status.remote(o) for o, h in alive.items()])
@@ -270,12 +271,15 @@ def _summarise(
 
     run_ref = market.curator.run.remote(market.owners, plan)
     crash_at = config.faults.kill_curator_at if snapshot is None else None
+    restarts = 0
     try:
         while True:
             ready, _ = ray.wait([run_ref], timeout=0.25)
             if ready:
                 try:
-                    return ray.get(run_ref)
+                    payload: dict[str, Any] = ray.get(run_ref)
+                    payload["curator_restarts"] = restarts
+                    return payload
                 except ray.exceptions.RayActorError:
                     if crash_at is not None:
                         raise
@@ -284,6 +288,7 @@ def _summarise(
                         json.loads(journal.read_text(encoding="utf-8"))
                     )
                     run_ref = market.curator.run.remote(market.owners, plan)
+                    restarts += 1
                     continue
             status = ray.get(market.curator.progress.remote())
             _progress(

@@ -9,7 +9,8 @@
   against the simulated coalition of colluders (their auction observations pooled).
 - ``parsimony``: distinct points accessed, total transfers, rho = (distinct + m) / (p + m).
 - ``value``: sum of winning marginal gains per owner (value attribution).
-- ``faults``: owners lost (epoch), frames late, deliveries rejected, what was tolerated/refused.
+- ``faults``: owners lost (epoch), frames late, deliveries rejected; ``verdicts``: per simulated
+  fault whether it was tolerated (and how), not triggered, with the T budget used.
 - ``timings``: seconds per phase.
 - ``secure_phases``: the normalise round (DP pool count, per-feature means and spreads) and
   the scan round (coverage of the validation set by the DP pool sketch), with their noise;
@@ -184,6 +185,7 @@ def write_outputs(
             "late_frames": payload["late_frames"],
             "rejected": payload["rejected"],
             "colluders": list(colluders),
+            "verdicts": payload.get("fault_verdicts", []),
             "transport": payload["transport"],
         },
         "timings": timings,

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from dpmarket.actors.faults import FaultPlan
 from dpmarket.protocol.errors import RemoteProtocolError
 from dpmarket.protocol.messages import Message, ReplayGuard, decode, encode
 from dpmarket.protocol.parties import Party
@@ -24,21 +24,6 @@ __all__ = ["FaultPlan", "LoopbackTransport", "RayTransport", "TransportStalled"]
 
 class TransportStalled(RuntimeError):
     """The run made no progress: no frame in flight and no deadline left to fire."""
-
-
-@dataclass
-class FaultPlan:
-    """Faults to inject. ``kill_at`` maps a party to the round from which it is dead (it neither
-    receives nor sends); ``delay`` adds seconds to every frame a party sends; ``drop`` decides per
-    frame (decoded view) whether it is lost."""
-
-    kill_at: dict[str, int] = field(default_factory=dict)
-    delay: dict[str, float] = field(default_factory=dict)
-    drop: Callable[[Message], bool] | None = None
-
-    def is_dead(self, party: str, round_: int) -> bool:
-        start = self.kill_at.get(party)
-        return start is not None and round_ >= start
 
 
 class LoopbackTransport:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.config import ConfigError, load_market_config
+from dpmarket.actors.config import ConfigError, FaultConfig, load_market_config
+from dpmarket.actors.faults import fault_verdicts
 from dpmarket.actors.runner import owner_groups
 from dpmarket.actors.transport import FaultPlan
 
@@ -54,3 +55,22 @@ def test_market_config_defaults_and_overrides(tmp_path: Path) -> None:
     assert config.owners_per_actor == 1 and config.secure["standardize"] is True
     config = load_market_config(path, ["market.owners_per_actor=2", "privacy.standardize=false"])
     assert config.owners_per_actor == 2 and config.secure["standardize"] is False
+
+
+def test_fault_verdicts_say_what_was_tolerated_and_what_never_triggered() -> None:
+    faults = FaultConfig(
+        kill={"owner-1": 4, "owner-3": 99},
+        slow={"owner-2": 3.0},
+        colluders=("owner-5",),
+        kill_curator_at=7,
+    )
+    payload = {"lost": {"owner-1": 4, "owner-2": 1}, "curator_restarts": 0}
+    verdicts = {(v["party"], v["verdict"]) for v in fault_verdicts(faults, payload, 3)}
+    assert verdicts == {
+        ("owner-5", "tolerated"),
+        ("owner-1", "tolerated"),
+        ("owner-3", "not triggered"),
+        ("owner-2", "tolerated"),
+        ("curator", "not triggered"),
+    }
+    assert all(v["t_used"] == "3 of T = 3" for v in fault_verdicts(faults, payload, 3))

@@ -71,6 +71,9 @@ def test_up_to_t_owners_lost_is_tolerated(tmp_path: Path) -> None:
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     assert report["faults"]["lost"] == {"owner-2": 3}
+    [verdict] = report["faults"]["verdicts"]
+    assert verdict["party"] == "owner-2" and verdict["verdict"] == "tolerated"
+    assert verdict["t_used"] == "1 of T = 1"
 
 
 def test_above_t_refuses_leaves_nothing_partial_and_resumes(tmp_path: Path) -> None:
@@ -94,6 +97,8 @@ def test_dead_compute_node_fails_the_secure_sums_but_not_the_run(tmp_path: Path)
     assert report["secure_phases"]["normalise"]["status"] == "failed"
     events = report["privacy"]["parties"]["owner-1"]["events"]["events"]
     assert not any("secure sum" in e["label"] for e in events)  # nothing released: no charge
+    [verdict] = report["faults"]["verdicts"]
+    assert verdict["verdict"] == "tolerated" and "normalise failed" in verdict["detail"]
 
 
 def test_colluders_withhold_noise_and_the_sums_still_release(tmp_path: Path) -> None:
@@ -104,6 +109,8 @@ def test_colluders_withhold_noise_and_the_sums_still_release(tmp_path: Path) -> 
     report = json.loads((out / "report.json").read_text())
     assert report["secure_phases"]["scan"]["status"] == "released"
     assert "against_colluders" in report["privacy"]["parties"]["owner-1"]
+    [verdict] = report["faults"]["verdicts"]
+    assert verdict["fault"] == "colluding owner" and verdict["party"] == "owner-4"
 
 
 def test_curator_crash_is_resumed_from_the_journal(tmp_path: Path) -> None:
@@ -113,6 +120,8 @@ def test_curator_crash_is_resumed_from_the_journal(tmp_path: Path) -> None:
     assert report["parsimony"]["summary_size"] == 12
     events = report["privacy"]["parties"]["validation"]["events"]["events"]
     assert sum(e["count"] for e in events if e["label"] == "h2(validation) measure") == 300
+    [verdict] = report["faults"]["verdicts"]
+    assert verdict["verdict"] == "tolerated" and "resumed 1 time" in verdict["detail"]
 
 
 def test_validate_and_bad_configs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
