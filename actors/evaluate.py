@@ -164,8 +164,9 @@ def _summaries(
     base_rng = np.random.default_rng([seed, params.p, 1])  # independent of the private run
     base = baselines(scenario, params.p, params.d, params.gamma, params.h1_seed, base_rng)
     noiseless = dataclasses.replace(
-        params, eps_validation=NOISELESS_EPS, eps_summary=NOISELESS_EPS, eps_seed=NOISELESS_EPS
-    )
+        params, eps_validation=NOISELESS_EPS, eps_summary=NOISELESS_EPS, eps_seed=NOISELESS_EPS,
+        validation_sigma=1.0 / NOISELESS_EPS, summary_sigma=1.0 / NOISELESS_EPS,
+    )  # fmt: skip
     clean = run_inprocess(scenario, noiseless, np.random.default_rng([seed, params.p])).result
     assert clean.points is not None
     methods = {

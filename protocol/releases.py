@@ -40,6 +40,14 @@ Why herding: at eps_owner <= 1 the bid's diversity term ``h1(x) . G/(q+1)`` sees
 about ``z Delta / (q + 1)`` (z >= 10 for the tree at p = 200), far above the kernel differences
 it must resolve for p <= 200 (benchmarks/utility.py measures it).
 
+Herding and ``max_deliveries``: no broadcast tells an owner that its point joined S (the steering
+is a function of g_tilde and public candidates only), so a kept point keeps its high score. With
+the default ``max_deliveries = 3`` the owner nearest to the target re-bids its kept point, the
+curator refuses it as a duplicate and a worse point from another owner wins the epoch (on the
+digits split most of the summary then came from the wrong digits). :func:`plan_releases`
+therefore sets ``max_deliveries = 1`` for herding: an owner withdraws a point once delivered,
+a decision on what it already saw (being asked), so it costs no privacy.
+
 Planning (:func:`plan_releases`): the validation set's whole budget goes to its one release;
 each owner's budget is shared by the summary releases (if any) and the auction, and the split is
 solved numerically with the same PLD ledger that later reports the run, over the planned number
@@ -421,6 +429,7 @@ class ReleasePlan:
     max_epochs: int
     summary_events: int
     neighbouring: str = "add_remove"
+    max_deliveries: int = 3
 
     def overrides(self) -> dict[str, Any]:
         """Keyword arguments for ``dataclasses.replace(CuratorParams(...), **overrides)``."""
@@ -433,6 +442,7 @@ class ReleasePlan:
             tau=self.tau,
             max_epochs=self.max_epochs,
             neighbouring=self.neighbouring,
+            max_deliveries=self.max_deliveries,
         )
         return out
 
@@ -468,7 +478,8 @@ def plan_releases(
     eps_auc so the auction alone spends ``auction_share`` of eps_owner (all of it when the
     summary release is free). The summary releases ("gaussian": p - 1 events; "tree":
     ``(p - 1).bit_length()`` levels) take the rest: their multiplier is the smallest that keeps
-    the composed PLD epsilon within eps_owner. "herding" costs owners nothing.
+    the composed PLD epsilon within eps_owner. "herding" costs owners nothing; it withdraws a
+    point after one delivery (``max_deliveries = 1``, module docstring), the others after three.
     """
     if summary not in SUMMARY_RELEASES[1:] or auction not in ("all", "pure"):
         raise ValueError(f"summary must be gaussian, tree or herding and auction all or pure, got "
@@ -501,4 +512,7 @@ def plan_releases(
             0.1, 1e4, steps=26,
         )  # fmt: skip
     relation = "replace" if replace else "add_remove"
-    return ReleasePlan(d, clip, z_v, summary, z_s, "pure", eps_auc, tau, epochs, events, relation)
+    deliveries = 1 if summary == "herding" else 3
+    return ReleasePlan(
+        d, clip, z_v, summary, z_s, "pure", eps_auc, tau, epochs, events, relation, deliveries
+    )

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from dpmarket.actors.config import load_demo_config, load_market_config
 from dpmarket.actors.evaluate import (
     evaluate_utility,
     mechanism_params,
+    paper_params,
     recommended_params,
     utility_json,
     utility_main,
@@ -94,3 +98,22 @@ def test_utility_command_prints_the_table_then_the_json(
     lines = capsys.readouterr().out.strip().splitlines()
     assert "gap" in lines[1] and lines[2].startswith("digits")
     assert json.loads(lines[-1])["rows"][0]["mechanism"] == "tree"
+
+
+def test_configs_default_to_the_planned_herding_mechanism_within_the_budgets() -> None:
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    scenario = utility_scenario("digits", np.random.default_rng(0))
+    planned = recommended_params(100, scenario, 0)  # m = 32: the plan the configs copy
+    demo = load_demo_config(configs / "evaluate.toml")
+    evaluated = demo.apply(paper_params(100, scenario.gamma, 0, 5, DELTA))
+    market = load_market_config(configs / "digits.toml").curator_params(scenario.gamma)
+    for params in (evaluated, market):
+        assert params.validation_sigma >= planned.validation_sigma
+        for key in ("d", "validation_release", "summary_release", "tau", "max_deliveries"):
+            assert getattr(params, key) == getattr(planned, key), key
+    assert evaluated.candidate_distribution == "uniform"  # the pixel domain [0, 1]^64
+    res = run_inprocess(scenario, dataclasses.replace(evaluated, p=20),
+                        np.random.default_rng(1)).result  # fmt: skip
+    assert res.reason == "complete"
+    assert res.ledgers["validation"].epsilon(DELTA) <= 3.0
+    assert all(res.ledgers[o].epsilon(DELTA) <= 1.0 for o in scenario.owner_names)

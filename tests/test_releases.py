@@ -204,6 +204,7 @@ def test_plan_meets_the_budgets_with_every_planned_event(summary: str, auction: 
     assert 0.9 <= ledger.epsilon(DELTA) <= 1.0
     assert plan.tau == (1 if auction == "all" else 3)  # ceil(K^(2/3)), K = 4
     assert plan.summary_events == {"tree": (39).bit_length(), "gaussian": 39, "herding": 0}[summary]
+    assert plan.overrides()["max_deliveries"] == (1 if summary == "herding" else 3)
     with pytest.raises(ValueError, match="summary"):
         plan_releases(40, 50, 4, summary="mwem")
 
@@ -245,3 +246,23 @@ def test_replace_neighbouring_doubles_delta_and_still_meets_the_budget(scenario:
     assert event.sensitivity == pytest.approx(2 * plan.clip_norm)
     assert res.ledgers["validation"].epsilon(DELTA) <= 3.0
     assert res.ledgers[scenario.owner_names[1]].epsilon(DELTA) <= 1.0
+
+
+def test_planned_herding_never_lets_a_duplicate_hand_the_epoch_to_another_owner(
+    scenario: Scenario,
+) -> None:
+    """Herding's steering does not depend on S, so an owner's kept point keeps its top score.
+    Withdrawn after one delivery (the plan), it is never re-bid; with three deliveries it is, the
+    curator refuses it as a duplicate and another owner's point takes the epoch."""
+    plan = plan_releases(30, len(scenario.validation), 4, 1.0, 3.0, DELTA, summary="herding")
+    params = CuratorParams(p=30, gamma=scenario.gamma, h1_seed=2, n_candidates=3000,
+                           **{**plan.overrides(), "d": 64})  # fmt: skip
+
+    def duplicates(max_deliveries: int) -> int:
+        run = dataclasses.replace(params, max_deliveries=max_deliveries)
+        res = run_inprocess(scenario, run, np.random.default_rng(4)).result
+        assert res.reason == "complete" and len(res.provenance) == 30
+        return sum("already in the summary" in why for _, _, why in res.rejected)
+
+    assert duplicates(1) == 0
+    assert duplicates(3) > 0
