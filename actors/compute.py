@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray
@@ -36,6 +37,10 @@ class ComputeNodeActor:
 
     async def tick(self, now: float) -> list[bytes]:
         return [encode(m) for m in self._node.expire(now)]
+
+    async def pid(self) -> int:
+        """The worker's process id (benchmarks read its CPU time)."""
+        return os.getpid()
 
     async def status(self) -> dict[str, Any]:
         return {"registered": self._node.registered, "errors": list(self.errors)}

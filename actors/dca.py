@@ -113,20 +113,23 @@ class DcaHub:
     ) -> RoundResult:
         """One round: open, collect contributions (owners that fail are absent), wait."""
         deadline = self.clock() + timeout
-        await self.route([encode(m) for m in self.aggregator.open_round(spec, deadline)])
+        opened = [encode(m) for m in self.aggregator.open_round(spec, deadline)]
         owners = list(self.owners)
         tasks = [
             asyncio.ensure_future(self.owners[o].dca_contribute.remote(o, spec, what, options))
             for o in owners
         ]
+        await self.route(opened)  # while owners compute; nodes see the open before any share
         done, _ = await asyncio.wait(tasks, timeout=timeout)
-        absent = []
+        absent: list[str] = []
+        frames: list[bytes] = []
         for owner, task in zip(owners, tasks, strict=True):
             if task in done and task.exception() is None:
-                await self.route(task.result())
+                frames.extend(task.result())
             else:
                 absent.append(owner)
         self.absent[spec.round] = absent
+        await self.route(frames)  # every owner's shares in one call per compute node
         while (result := self.aggregator.result(spec.round)) is None:
             now = self.clock()
             frames = [encode(m) for m in self.aggregator.expire(now)]

@@ -3,20 +3,26 @@
 Every round runs the real parties with sealing on (X25519 session keys, HKDF round keys,
 AES-GCM frames, AES-CTR seed expansion, discrete Gaussian noise) and every frame crosses the
 msgpack codec. Clients are batched many per process (``--workers`` processes, each hosting
-client parties of at most 2^21 values); each compute node runs in its own process; the
-aggregator runs in the main process. Processes exchange encoded frames over multiprocessing
-queues (the Ray issue swaps this transport for actors).
+client parties of at most 2^21 values at the session's largest d); each compute node runs in
+its own process; the aggregator runs in the main process. Processes exchange batches of encoded
+frames over multiprocessing queues. With ``--ray`` the compute nodes are the market's
+ComputeNodeActor, the clients ``--workers`` Ray actors, and the market's DcaHub relays and
+aggregates in the driver (``dca_scaling_ray.py``).
 
-Per N, one session is set up (timed apart: X25519 per client-node pair, registration) and then
-rounds run for each d of the grid (the paper's runtime excludes key set-up and encryption;
-ours includes encryption). A round is timed from the aggregator's open to its release, and the
-release is checked against the exact sum (within 10 noise standard deviations).
+Per N, one session is set up (timed apart: X25519 per client-node pair, registration, and the
+HKDF round keys of the first 16 rounds) and then rounds run for each d of the grid (the paper's
+runtime excludes key set-up and encryption; ours includes encryption). A round is timed from
+the aggregator's open to its release (clients' noise, splitting and sealing, the nodes' opening,
+expansion and agreement, the aggregation), and the release is checked against the exact sum
+(within 10 noise standard deviations). CPU is the user + system time of all processes.
 
-    python benchmarks/dca_scaling.py            # the Table 1 grid (N*d <= 1e8; larger if < 10 min)
-    python benchmarks/dca_scaling.py --quick    # a few cells, under 60 s
+    python benchmarks/dca_scaling.py                  # Table 1 grid (N*d <= 1e8; more if < 10 min)
+    python benchmarks/dca_scaling.py --quick          # a few cells, under 60 s
+    python benchmarks/dca_scaling.py --dims 10,100    # the grid's cells with d in {10, 100}
+    python benchmarks/dca_scaling.py --cells 1000:10,10000:100 --ray
 
-Last line: ``{"benchmark": "dca_scaling", "cells": [{"N", "d", "M", "seconds",
-"paper_seconds", "speedup"}...]}`` with ``seconds`` the mean round time.
+Last line: ``{"benchmark": "dca_scaling", "backend": "processes" | "ray", "cells": [{"N", "d",
+"M", "seconds", "paper_seconds", "speedup"}...]}`` with ``seconds`` the mean round time.
 """
 
 from __future__ import annotations
@@ -70,36 +76,44 @@ class PipeOutlet:
 
 
 def node_main(cfg: DcaConfig, name: str, inbox: Queue[Any], routes: dict[str, Outlet]) -> None:
-    """A compute node: decode frames from its inbox, answer through the routes."""
+    """A compute node: decode batches of frames from its inbox, answer through the routes.
+
+    Share frames that arrive before the round's open (queues from different senders are not
+    ordered) wait here until the open has been handled; the node itself never sees them early.
+    """
     node, guard = ComputeNode(cfg, name), ReplayGuard()
     routes[AGGREGATOR].put(("key", name, node.public_key))
-    while (item := inbox.get()) is not None:
-        msg = decode(item, guard)
-        for out in node.receive(msg):
-            routes[out.recipient].put(encode(out))
-        if msg.kind == "dca.register" and node.registered == cfg.n_clients:
-            routes[AGGREGATOR].put(("registered", name, 0))
-        if msg.kind == "dca.open":
-            routes[AGGREGATOR].put(("opened", name, msg.round))
+    early: list[Message] = []
+    while (batch := inbox.get()) is not None:
+        for item in batch:
+            msg = decode(item, guard)
+            if msg.kind == "dca.shares" and node.state == "idle":
+                early.append(msg)
+                continue
+            todo = [msg, *early] if msg.kind == "dca.open" else [msg]
+            early = early if msg.kind != "dca.open" else []
+            for one in todo:
+                send(node.receive(one), routes)
+            if msg.kind == "dca.register" and node.registered == cfg.n_clients:
+                routes[AGGREGATOR].put(("registered", name, 0))
 
 
 def client_main(
     cfg: DcaConfig,
     members: tuple[str, ...],
     node_keys: dict[str, bytes],
+    party_size: int,
     inbox: SimpleQueue[Any],
     seed: int,
     routes: dict[str, Outlet],
 ) -> None:
     """Many client parties in one process: register, then contribute to each round asked."""
     rng = np.random.default_rng(seed)
-    size = max(1, PARTY_VALUES // max(DIMS))
     parties = [
-        Client(cfg, f"{members[i]}-party", node_keys, members[i : i + size])
-        for i in range(0, len(members), size)
+        Client(cfg, f"{members[i]}-party", node_keys, members[i : i + party_size])
+        for i in range(0, len(members), party_size)
     ]
-    for party in parties:
-        send(party.start(), routes)
+    send([msg for party in parties for msg in party.start()], routes)
     while (spec := inbox.get()) is not None:
         d = spec.d
         pools = {n: rng.uniform(-1.0, 1.0, (n, d)) for n in {len(p.members) for p in parties}}
@@ -107,14 +121,22 @@ def client_main(
         routes[AGGREGATOR].put(("ready", "", 0))
         if inbox.get() != "go":
             return
-        for party in parties:
-            send(party.contribute(spec, pools[len(party.members)], rng), routes)
+        out = [m for p in parties for m in p.contribute(spec, pools[len(p.members)], rng)]
+        send(out, routes)
         routes[AGGREGATOR].put(("truth", "", truth))
 
 
 def send(messages: list[Message], routes: Mapping[str, Outlet]) -> None:
+    """Encode; one batch per compute node (one queue put), frame by frame to the aggregator."""
+    batches: dict[str, list[bytes]] = {}
     for msg in messages:
-        routes[msg.recipient].put(encode(msg))
+        batches.setdefault(msg.recipient, []).append(encode(msg))
+    for recipient, frames in batches.items():
+        if recipient == AGGREGATOR:
+            for frame in frames:
+                routes[AGGREGATOR].put(frame)
+        else:
+            routes[recipient].put(frames)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -146,11 +168,11 @@ class LocalCluster:
     """One session over N clients: W client processes, M node processes, aggregator here.
 
     Node inboxes are multiprocessing queues (a put never blocks, so nodes sending their sets to
-    each other cannot deadlock); every child has its own pipe to the main process. Nodes confirm
-    the round's open before the clients are told to send (queues from different senders are
-    not ordered)."""
+    each other cannot deadlock) and carry one batch of frames per sender and step; every child
+    has its own pipe to the main process. Client parties hold at most 2^21 values at the
+    session's largest d, so small-d sessions have few, large parties."""
 
-    def __init__(self, n: int, workers: int) -> None:
+    def __init__(self, n: int, workers: int, max_d: int) -> None:
         ctx = mp.get_context("fork") if os.name == "posix" else mp.get_context("spawn")
         clients = tuple(f"c{i}" for i in range(n))
         nodes = tuple(f"compute-{k}" for k in range(M))
@@ -178,7 +200,8 @@ class LocalCluster:
             members = clients[w * share : (w + 1) * share]
             if members:
                 self.controls.append(ctx.SimpleQueue())
-                spawn(client_main, self.cfg, members, keys, self.controls[-1], 1000 + w)
+                party = max(1, PARTY_VALUES // max_d)
+                spawn(client_main, self.cfg, members, keys, party, self.controls[-1], 1000 + w)
         self.wait_for("registered", M)
         self.setup_seconds = time.perf_counter() - start
         self.aggregator, self.guard = Aggregator(self.cfg), ReplayGuard()
@@ -214,10 +237,9 @@ class LocalCluster:
         self.wait_for("ready", len(self.controls))  # values generated: not timed
         pids = [p.pid for p in self.procs if p.pid is not None]
         cpu, start = cpu_seconds(pids), time.perf_counter()
-        send(self.aggregator.open_round(spec, deadline=1e12), self.queues)
-        self.wait_for("opened", M)
-        for control in self.controls:
+        for control in self.controls:  # shares that overtake the open wait at the node
             control.put("go")
+        send(self.aggregator.open_round(spec, deadline=1e12), self.queues)
         truths: list[Any] = []
         while (result := self.aggregator.result(spec.round)) is None:
             item = self.receive()
@@ -261,7 +283,27 @@ def estimate(cells: list[Cell], n: int, d: int) -> float:
     return big.mean * (n * d) / (big.n * big.d)
 
 
-def run_grid(grid: list[tuple[int, list[int]]], repeats: int, workers: int) -> list[Cell]:
+class Session(Protocol):
+    """A set-up session on some transport (processes here, Ray in dca_scaling_ray.py)."""
+
+    setup_seconds: float
+
+    def run_round(self, d: int) -> tuple[float, float, float]: ...
+
+    def close(self) -> None: ...
+
+
+def make_session(backend: str, n: int, workers: int, max_d: int) -> Session:
+    if backend == "ray":
+        from dca_scaling_ray import RayCluster  # Ray is imported only when asked for
+
+        return RayCluster(n, workers, max_d, PARTY_VALUES, M, cpu_seconds)
+    return LocalCluster(n, workers, max_d)
+
+
+def run_grid(
+    grid: list[tuple[int, list[int]]], repeats: int, workers: int, backend: str = "processes"
+) -> list[Cell]:
     cells: list[Cell] = []
     for n, dims in grid:
         todo = []
@@ -275,7 +317,7 @@ def run_grid(grid: list[tuple[int, list[int]]], repeats: int, workers: int) -> l
             todo.append(d)
         if not todo:
             continue
-        cluster = LocalCluster(n, workers)
+        cluster = make_session(backend, n, workers, max(todo))
         print(f"N={n:>6}: session set-up {cluster.setup_seconds:.2f} s ({n * M} X25519 pairs)")
         try:
             for d in todo:
@@ -303,28 +345,54 @@ def print_cell(cell: Cell) -> None:
     )
 
 
+def parse_cells(text: str) -> list[tuple[int, list[int]]]:
+    """``N:d,N:d`` as a grid [(N, [d...])...]; ``ValueError`` names what is wrong."""
+    try:
+        pairs = [tuple(int(v) for v in cell.split(":")) for cell in text.split(",")]
+    except ValueError:
+        raise ValueError(f"cells must be N:d pairs, got {text!r}") from None
+    if any(len(p) != 2 or p[0] not in PAPER or p[1] not in DIMS for p in pairs):
+        raise ValueError(f"cells must be N:d with N in {list(PAPER)}, d in {list(DIMS)}")
+    return [(n, [d for m, d in pairs if m == n]) for n in dict.fromkeys(m for m, _ in pairs)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few cells, under 60 s")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per cell")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--only", default="", help="cells to run, e.g. 100000:10000,1000:10")
+    parser.add_argument(
+        "--cells", "--only", default="", help="cells to run, e.g. 100000:10000,1000:10"
+    )
+    parser.add_argument(
+        "--dims", default="", help="restrict the grid (or --quick) to these d, e.g. 10,100"
+    )
+    parser.add_argument(
+        "--ray", action="store_true", help="compute nodes and client batches as Ray actors"
+    )
     args = parser.parse_args()
-    if args.only:
-        pairs = [tuple(int(v) for v in cell.split(":")) for cell in args.only.split(",")]
-        if any(len(p) != 2 or p[0] not in PAPER or p[1] not in DIMS for p in pairs):
-            parser.error(f"--only: cells must be N:d with N in {list(PAPER)}, d in {list(DIMS)}")
-        grid = [(n, [d for m, d in pairs if m == n]) for n in dict.fromkeys(m for m, _ in pairs)]
-        repeats = args.repeats
+    repeats = args.repeats
+    if args.cells:
+        try:
+            grid = parse_cells(args.cells)
+        except ValueError as exc:
+            parser.error(f"--cells: {exc}")
     elif args.quick:
         grid = [(100, [10, 1_000]), (1_000, [100, 10_000]), (10_000, [1_000])]
         repeats = 2
     else:
         grid = [(n, list(DIMS)) for n in PAPER]
-        repeats = args.repeats
+    if args.dims:
+        keep = {int(d) for d in args.dims.split(",")}
+        grid = [(n, [d for d in dims if d in keep]) for n, dims in grid]
+        grid = [(n, dims) for n, dims in grid if dims]
+    backend = "ray" if args.ray else "processes"
     start = time.perf_counter()
-    cells = run_grid(grid, repeats, args.workers)
-    print(f"total {time.perf_counter() - start:.1f} s, {args.workers} client processes, {M} nodes")
+    cells = run_grid(grid, repeats, args.workers, backend)
+    print(
+        f"total {time.perf_counter() - start:.1f} s, {args.workers} client "
+        f"{'actors' if args.ray else 'processes'}, {M} nodes ({backend})"
+    )
     rows = [
         {
             "N": c.n,
@@ -336,7 +404,7 @@ def main() -> None:
         }
         for c in cells
     ]
-    print(json.dumps({"benchmark": "dca_scaling", "cells": rows}))
+    print(json.dumps({"benchmark": "dca_scaling", "backend": backend, "cells": rows}))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ N clients (a public roster), M >= 2 compute nodes, one aggregator, tolerance T.
 Session (once): every compute node holds an X25519 key pair whose public half reaches clients by
 configuration. A client party (hosting one client or a batch of them) draws one X25519 key pair
 per hosted client, derives one PRK per (client, node) pair and sends ``dca.register`` (indices
-and public keys) to every node; each node derives the same PRKs (:mod:`.sealing`).
+and public keys) to every node; each node derives the same PRKs. Both sides derive the pair's
+AES-256 keys of the first rounds from the PRK with HKDF-Expand, one block of rounds per call
+(:class:`~dpmarket.protocol.sealing.RoundKeyring`, :func:`round_key_info`).
 
 Round r (many per session):
 
@@ -78,10 +80,10 @@ __all__ = [
     "RoundSpec",
     "SeenBody",
     "SharesBody",
-    "frame_aads",
+    "frame_aad",
     "pack_set",
     "pair_salt",
-    "round_info",
+    "round_key_info",
     "unpack_set",
 ]
 
@@ -175,16 +177,19 @@ def unpack_set(packed: object, n: int) -> BoolArray | None:
     return bits[:n].astype(np.bool_)
 
 
-def round_info(digest: bytes) -> bytes:
-    """HKDF-Expand ``info`` of the round keys: every pair's key is bound to the round digest."""
-    return length_prefixed(_DOMAIN + "/round-key", digest)
+def round_key_info(block: int) -> bytes:
+    """HKDF-Expand ``info`` of the pairs' round keys of rounds B b + 1 .. B (b + 1).
+
+    The PRK already binds run, pair and public keys; a key is bound to its round number, and the
+    frames' associated data (:func:`frame_aad`) bind the round's full digest (spec included).
+    """
+    return length_prefixed(_DOMAIN + "/round-keys", block)
 
 
-def frame_aads(digest: bytes, node: str, kind: str, clients: npt.NDArray[np.int64]) -> list[bytes]:
-    """AEAD associated data per frame: round digest (run, round, spec), node, kind, client."""
-    prefix = length_prefixed(_DOMAIN + "/frame", digest, node, kind)
-    raw = np.asarray(clients).astype(">u4").tobytes()
-    return [prefix + raw[i : i + 4] for i in range(0, len(raw), 4)]
+def frame_aad(digest: bytes, node: str, kind: str) -> bytes:
+    """AEAD associated data of a round's frames to ``node``: round digest (run, round, spec),
+    node and kind. The client is bound by the frame's key (each pair has its own round key)."""
+    return length_prefixed(_DOMAIN + "/frame", digest, node, kind)
 
 
 def pair_salt(run: str, client: str, node: str, client_key: bytes, node_key: bytes) -> bytes:

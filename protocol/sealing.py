@@ -6,13 +6,17 @@ compute node, with public-key cryptography only to agree on keys. Here:
 * **Session keys.** Once per (client, compute node) pair and session: X25519 key agreement, then
   HKDF-Extract (RFC 5869, SHA-256) with a salt that binds the run, both names and both public
   keys, giving a 32-byte pseudorandom key (PRK) per pair (:func:`pair_secret`).
-* **Round keys.** Once per pair and round: HKDF-Expand(PRK, info) with ``info`` naming the round
-  (:func:`round_keys`); one HMAC-SHA256 each (key blocks absorbed once per session,
-  :class:`PairKey`), so it is cheap enough to do per round.
+* **Round keys.** Per pair, HKDF-Expand(PRK, info(b), 32 B) (RFC 5869) gives the AES-256 keys
+  of B = :data:`ROUND_KEY_BLOCK` consecutive rounds at once: round r >= 1 uses the 32-byte piece
+  (r - 1) mod B of block b = (r - 1) // B (:class:`RoundKeyring`). Distinct pieces of one HKDF
+  output are independent pseudorandom keys, so every (pair, round) has its own key, as with one
+  HKDF-Expand per round; deriving a block costs B HMAC-SHA256s per pair (the first block during
+  session set-up, later ones when a round first needs them), so a round itself hashes nothing.
 * **Frames.** AES-256-GCM with a fresh random 96-bit nonce from ``secrets`` and associated data
-  naming run, round, client, node and payload kind (:func:`seal_rows`, :func:`open_rows`). A
-  frame opened under another round's key, another pair's key, or with any bit changed fails
-  authentication; a relaying process sees only ciphertext.
+  naming run, round (with its parameters), node and payload kind (:func:`seal_rows`,
+  :func:`open_rows`); the client is named by the key, which only that (client, node) pair holds.
+  A frame opened under another round's key, another pair's key, for another node or kind, or
+  with any bit changed fails authentication; a relaying process sees only ciphertext.
 * **Seeds.** Blinding shares r_{i,2..M} travel as 32-byte seeds drawn from ``secrets``; the
   compute node expands them with AES-256-CTR or ChaCha20 (:func:`expand_rows`). The keystream is
   taken from the AEAD primitives of ``cryptography`` encrypting zeros with a zero nonce (GCM's
@@ -30,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -43,9 +47,11 @@ __all__ = [
     "NONCE_BYTES",
     "PRGS",
     "PUBLIC_KEY_BYTES",
+    "ROUND_KEY_BLOCK",
     "SEED_BYTES",
     "TAG_BYTES",
     "PairKey",
+    "RoundKeyring",
     "expand_rows",
     "expand_sum",
     "generate_keypair",
@@ -55,7 +61,6 @@ __all__ = [
     "open_rows",
     "pair_secret",
     "random_seeds",
-    "round_keys",
     "seal_rows",
 ]
 
@@ -65,6 +70,7 @@ NONCE_BYTES = 12
 TAG_BYTES = 16
 PUBLIC_KEY_BYTES = 32
 PRGS = ("aes-ctr", "chacha20")
+ROUND_KEY_BLOCK = 16  # rounds whose keys one HKDF-Expand call per pair derives
 _ZERO_NONCE = bytes(NONCE_BYTES)
 _CHUNK_BYTES = 1 << 25  # keystream bytes joined per vectorised block
 
@@ -93,18 +99,8 @@ def hkdf_extract(salt: bytes, ikm: bytes) -> bytes:
 
 
 def hkdf_expand(prk: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
-    """RFC 5869 HKDF-Expand with SHA-256 (``length`` <= 255 * 32)."""
-    if not 1 <= length <= 255 * 32:
-        raise ValueError(f"length must be in 1..{255 * 32}, got {length}")
-    if len(prk) < 32:
-        raise ValueError(f"prk must be at least 32 bytes, got {len(prk)}")
-    block, out = b"", bytearray()
-    counter = 1
-    while len(out) < length:
-        block = hmac.digest(prk, block + info + bytes([counter]), "sha256")
-        out += block
-        counter += 1
-    return bytes(out[:length])
+    """RFC 5869 HKDF-Expand with SHA-256 of a 32-byte PRK (``length`` <= 255 * 32)."""
+    return PairKey(prk).expand(info, length)
 
 
 def generate_keypair() -> tuple[X25519PrivateKey, bytes]:
@@ -127,12 +123,16 @@ def pair_secret(private: X25519PrivateKey, peer_public: bytes, salt: bytes) -> b
     return hkdf_extract(hashlib.sha256(salt).digest(), shared)
 
 
+_IPAD = bytes(b ^ 0x36 for b in range(256))  # byte translation tables: x -> x xor pad
+_OPAD = bytes(b ^ 0x5C for b in range(256))
+
+
 class PairKey:
     """A pair's PRK ready for HKDF-Expand: the HMAC-SHA256 key blocks (RFC 2104, K xor ipad and
-    K xor opad) are absorbed once, so each round key costs two short SHA-256 computations.
+    K xor opad) are absorbed once, so each 32-byte output block costs two short SHA-256 runs.
 
-    ``expand(info)`` equals :func:`hkdf_expand` (PRK, info, 32) (a test checks it against the
-    ``cryptography`` package). The PRK itself is not kept.
+    ``expand(info, length)`` equals :func:`hkdf_expand` (PRK, info, length) (a test checks it
+    against the ``cryptography`` package). The PRK itself is not kept.
     """
 
     __slots__ = ("_inner", "_outer")
@@ -141,12 +141,18 @@ class PairKey:
         if len(prk) != 32:
             raise ValueError(f"prk must be 32 bytes, got {len(prk)}")
         block = prk.ljust(64, b"\0")
-        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
-        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+        self._inner = hashlib.sha256(block.translate(_IPAD))
+        self._outer = hashlib.sha256(block.translate(_OPAD))
 
-    def expand(self, info: bytes) -> bytes:
-        """HKDF-Expand(PRK, info) to 32 bytes: HMAC(PRK, info || 0x01)."""
-        return self.mac(info + b"\x01")
+    def expand(self, info: bytes, length: int = KEY_BYTES) -> bytes:
+        """HKDF-Expand(PRK, info, length): T(i) = HMAC(PRK, T(i-1) || info || i), concatenated."""
+        if not 1 <= length <= 255 * 32:
+            raise ValueError(f"length must be in 1..{255 * 32}, got {length}")
+        block, out = b"", []
+        for counter in range(1, -(-length // 32) + 1):
+            block = self.mac(block + info + bytes([counter]))
+            out.append(block)
+        return b"".join(out)[:length]
 
     def mac(self, message: bytes) -> bytes:
         """HMAC-SHA256(PRK, message)."""
@@ -157,40 +163,100 @@ class PairKey:
         return outer.digest()
 
 
-def round_keys(pairs: Sequence[PairKey], info: bytes) -> list[bytes]:
-    """HKDF-Expand of every pair's PRK with the round's ``info``: one AES-256 key per pair."""
-    tail = info + b"\x01"
-    return [pair.mac(tail) for pair in pairs]
+class RoundKeyring:
+    """The AES-256 round keys of up to ``size`` pairs (slots), derived B rounds at a time.
+
+    Round r >= 1 lies in block b = (r - 1) // B; a slot's keys for block b are one
+    HKDF-Expand(PRK, ``info(b)``, 32 B) call, cut into B keys, and round r takes piece
+    (r - 1) mod B. ``add`` derives the current block for new pairs (session set-up); ``keys``
+    derives a later block for every pair the first time a round of it is asked for. Rounds only
+    move forward: asking for a round of an earlier block raises ``ValueError`` (its keys are
+    gone). Memory: 32 B bytes per slot.
+    """
+
+    def __init__(
+        self, size: int, info: Callable[[int], bytes], block: int = ROUND_KEY_BLOCK
+    ) -> None:
+        if size < 0 or not 1 <= block <= 255:
+            raise ValueError(f"size must be >= 0 and block in 1..255, got {size}, {block}")
+        self._info, self._width = info, block
+        self._pairs: list[PairKey | None] = [None] * size
+        self._known = np.zeros(size, dtype=np.bool_)
+        self._keys = np.zeros((size, block * KEY_BYTES), dtype=np.uint8)
+        self._block = 0
+
+    def add(self, slots: Sequence[int], pairs: Sequence[PairKey]) -> None:
+        """Install the pairs of new ``slots`` and derive their keys of the current block."""
+        index = self._slots(slots)
+        if len(index) != len(pairs):
+            raise ValueError(f"slots: {len(index)} slots for {len(pairs)} pairs")
+        if len(np.unique(index)) != len(index) or self._known[index].any():
+            raise ValueError("slots: repeated or already installed")
+        for slot, pair in zip(index.tolist(), pairs, strict=True):
+            self._pairs[slot] = pair
+        self._known[index] = True
+        self._derive(index)
+
+    def keys(self, round_: int, slots: Sequence[int] | npt.NDArray[np.int64]) -> list[bytes]:
+        """Round ``round_``'s 32-byte key of every slot in ``slots`` (installed ones only)."""
+        if isinstance(round_, bool) or not isinstance(round_, int) or round_ < 1:
+            raise ValueError(f"round must be an integer >= 1, got {round_!r}")
+        block, piece = divmod(round_ - 1, self._width)
+        if block < self._block:
+            raise ValueError(f"round {round_}: its key block {block} was already discarded")
+        index = self._slots(slots)
+        if not self._known[index].all():
+            raise ValueError("slots: some have no pair key installed")
+        if block > self._block:
+            self._block = block
+            self._derive(np.flatnonzero(self._known))
+        raw = self._keys[index, KEY_BYTES * piece : KEY_BYTES * (piece + 1)].tobytes()
+        return [raw[i : i + KEY_BYTES] for i in range(0, len(raw), KEY_BYTES)]
+
+    def _slots(self, slots: Sequence[int] | npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        index = np.asarray(slots, dtype=np.int64).reshape(-1)
+        if index.size and (index.min() < 0 or index.max() >= len(self._pairs)):
+            raise ValueError(f"slots: outside 0..{len(self._pairs) - 1}")
+        return index
+
+    def _derive(self, index: npt.NDArray[np.int64]) -> None:
+        info, length = self._info(self._block), KEY_BYTES * self._width
+        pairs = [self._pairs[i] for i in index.tolist()]
+        raw = b"".join(p.expand(info, length) for p in pairs if p is not None)
+        self._keys[index] = np.frombuffer(raw, dtype=np.uint8).reshape(len(index), length)
 
 
 # ------------------------------------------------------------------------------ AES-GCM frames
-def seal_rows(keys: Sequence[bytes], rows: U8, aads: Sequence[bytes]) -> U8:
-    """Seal row i of ``rows`` (uint8, shape (n, L)) with ``keys[i]`` and ``aads[i]``.
+def seal_rows(keys: Sequence[bytes], rows: U8, aad: bytes) -> U8:
+    """Seal row i of ``rows`` (uint8, shape (n, L)) with ``keys[i]``, all with associated data
+    ``aad``.
 
-    Returns uint8 of shape (n, 12 + L + 16): random nonce || ciphertext || tag.
+    Returns uint8 of shape (n, 12 + L + 16): random nonce || ciphertext || tag, with 96 random
+    bits from ``secrets`` per frame. Each key must seal one frame only (here: one round key per
+    pair and round); what tells the rows apart is their keys.
     """
     data = np.ascontiguousarray(rows, dtype=np.uint8)
-    if data.ndim != 2 or len(keys) != len(data) or len(aads) != len(data):
+    if data.ndim != 2 or len(keys) != len(data):
         raise ValueError(
-            f"rows: expected shape (n, L) with n = len(keys) = len(aads), got {data.shape}, "
-            f"{len(keys)} keys, {len(aads)} aads"
+            f"rows: expected shape (n, L) with n = len(keys), got {data.shape}, {len(keys)} keys"
         )
     n, width = data.shape
     out = np.empty((n, NONCE_BYTES + width + TAG_BYTES), dtype=np.uint8)
     nonces = secrets.token_bytes(NONCE_BYTES * n)
     out[:, :NONCE_BYTES] = np.frombuffer(nonces, dtype=np.uint8).reshape(n, NONCE_BYTES)
-    src, dst = data.reshape(-1).data, out.reshape(-1).data
-    step = out.shape[1]
-    for i in range(n):
-        nonce = nonces[NONCE_BYTES * i : NONCE_BYTES * (i + 1)]
-        sealed = dst[step * i + NONCE_BYTES : step * (i + 1)]
-        AESGCM(keys[i]).encrypt_into(nonce, src[width * i : width * (i + 1)], aads[i], sealed)
+    src, dst, step = memoryview(data.tobytes()), out.reshape(-1).data, out.shape[1]
+    for i, key in enumerate(keys):
+        at = step * i + NONCE_BYTES
+        AESGCM(key).encrypt_into(
+            nonces[NONCE_BYTES * i : NONCE_BYTES * (i + 1)],
+            src[width * i : width * (i + 1)],
+            aad,
+            dst[at : at + width + TAG_BYTES],
+        )
     return out
 
 
-def open_rows(
-    keys: Sequence[bytes], frames: U8, aads: Sequence[bytes]
-) -> tuple[U8, npt.NDArray[np.bool_]]:
+def open_rows(keys: Sequence[bytes], frames: U8, aad: bytes) -> tuple[U8, npt.NDArray[np.bool_]]:
     """Open frames sealed by :func:`seal_rows`; returns (plaintexts, ok).
 
     Rows that fail authentication come back as zeros with ``ok`` False; nothing raises for them.
@@ -198,22 +264,25 @@ def open_rows(
     data = np.ascontiguousarray(frames, dtype=np.uint8)
     if data.ndim != 2 or data.shape[1] < NONCE_BYTES + TAG_BYTES:
         raise ValueError(f"frames: expected shape (n, >= 28), got {data.shape}")
-    if len(keys) != len(data) or len(aads) != len(data):
-        raise ValueError(f"frames: {len(data)} rows for {len(keys)} keys and {len(aads)} aads")
+    if len(keys) != len(data):
+        raise ValueError(f"frames: {len(data)} rows for {len(keys)} keys")
     step = data.shape[1]
     width = step - NONCE_BYTES - TAG_BYTES
     plain = np.zeros((len(data), width), dtype=np.uint8)
-    ok = np.zeros(len(data), dtype=np.bool_)
-    src, dst = data.reshape(-1).data, plain.reshape(-1).data
-    for i in range(len(data)):
-        frame = src[step * i : step * (i + 1)]
-        target = dst[width * i : width * (i + 1)]
+    ok = np.ones(len(data), dtype=np.bool_)
+    src, dst = memoryview(data.tobytes()), plain.reshape(-1).data
+    for i, key in enumerate(keys):
+        at = step * i
         try:
-            AESGCM(keys[i]).decrypt_into(frame[:NONCE_BYTES], frame[NONCE_BYTES:], aads[i], target)
+            AESGCM(key).decrypt_into(
+                src[at : at + NONCE_BYTES],
+                src[at + NONCE_BYTES : at + step],
+                aad,
+                dst[width * i : width * (i + 1)],
+            )
         except InvalidTag:
-            plain[i] = 0  # never hand out unauthenticated plaintext
-            continue
-        ok[i] = True
+            ok[i] = False
+    plain[~ok] = 0  # never hand out unauthenticated plaintext
     return plain, ok
 
 
@@ -235,9 +304,11 @@ def _prg_cipher(prg: str) -> type[AESGCM] | type[ChaCha20Poly1305]:
 
 
 def _expanded_blocks(seeds: U8, d: int, prg: str) -> Iterator[tuple[int, U64]]:
-    """(start row, words of shape (rows, k, d)) over blocks of about 32 MiB of keystream.
+    """(start row, words of shape (rows, k, d + 2)) over blocks of about 32 MiB of keystream.
 
-    The words are a view of one reused buffer: consume each block before asking for the next.
+    The last two words of each stream are the discarded tag: callers slice them off (after
+    reducing, which is faster on contiguous rows). The words are a view of one reused buffer:
+    consume each block before asking for the next.
     """
     arr = np.asarray(seeds, dtype=np.uint8)
     if arr.ndim == 2:
@@ -254,11 +325,10 @@ def _expanded_blocks(seeds: U8, d: int, prg: str) -> Iterator[tuple[int, U64]]:
     dst = buffer.data.cast("B")
     for start in range(0, n, chunk):
         flat = np.ascontiguousarray(arr[start : start + chunk]).tobytes()
-        count = len(flat) // SEED_BYTES
-        for j in range(count):
-            key = flat[SEED_BYTES * j : SEED_BYTES * (j + 1)]
+        for j, at in enumerate(range(0, len(flat), SEED_BYTES)):
+            key = flat[at : at + SEED_BYTES]
             cipher(key).encrypt_into(_ZERO_NONCE, zeros, None, dst[step * j : step * (j + 1)])
-        yield start, buffer[: count // k, :, :d]
+        yield start, buffer[: len(flat) // (SEED_BYTES * k)]
 
 
 def expand_rows(seeds: U8, d: int, prg: str = "aes-ctr") -> U64:
@@ -271,7 +341,7 @@ def expand_rows(seeds: U8, d: int, prg: str = "aes-ctr") -> U64:
     n = int(np.shape(seeds)[0])
     out = np.zeros((n, d), dtype=np.uint64)
     for start, words in _expanded_blocks(seeds, d, prg):
-        out[start : start + len(words)] = words.sum(axis=1, dtype=np.uint64)
+        out[start : start + len(words)] = words.sum(axis=1, dtype=np.uint64)[:, :d]
     return out
 
 
@@ -279,5 +349,5 @@ def expand_sum(seeds: U8, d: int, prg: str = "aes-ctr") -> U64:
     """sum_i PRG(seeds[i]) mod 2^64 over seeds of shape (n, 32), without an (n, d) buffer."""
     total = np.zeros(d, dtype=np.uint64)
     for _, words in _expanded_blocks(seeds, d, prg):
-        total += words.sum(axis=(0, 1), dtype=np.uint64)
+        total += words.reshape(-1, d + 2).sum(axis=0, dtype=np.uint64)[:d]
     return total

@@ -43,9 +43,9 @@ from dpmarket.protocol.dca_spec import (
     RoundResult,
     RoundSpec,
     SharesBody,
-    frame_aads,
+    frame_aad,
     pair_salt,
-    round_info,
+    round_key_info,
     unpack_set,
 )
 from dpmarket.protocol.dgauss import sample_discrete_gaussian
@@ -56,11 +56,11 @@ from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
 from dpmarket.protocol.sealing import (
     PUBLIC_KEY_BYTES,
     PairKey,
+    RoundKeyring,
     expand_rows,
     generate_keypair,
     pair_secret,
     random_seeds,
-    round_keys,
     seal_rows,
 )
 from dpmarket.protocol.securesum_node import ComputeNode
@@ -118,7 +118,7 @@ class Client:
         self._index = np.array([roster[m] for m in members], dtype=np.int64)
         self._withhold = np.array([behaviour.get(m) == "withhold" for m in members])
         self._reveal = [i for i, m in enumerate(members) if behaviour.get(m) == "reveal"]
-        self._pairs: dict[str, list[PairKey]] = {}
+        self._keyrings: dict[str, RoundKeyring] = {}
         self._out = Outbox(config.run, name)
         self._table: dict[tuple[str, str], Handler] = {}
         self.state = "new"
@@ -132,21 +132,24 @@ class Client:
         return []
 
     def start(self) -> list[Message]:
-        """Session set-up: one X25519 key pair per member, one PRK per (member, node)."""
+        """Session set-up: one X25519 key pair per member, one PRK per (member, node), and the
+        round keys of the first block of rounds."""
         if self.state != "new":
             raise LocalProtocolError(f"start: client party {self.name} is already {self.state}")
         pairs = [generate_keypair() for _ in self.members]
-        prks: dict[str, list[PairKey]] = {}
+        keyrings: dict[str, RoundKeyring] = {}
         for node, node_key in self._node_keys.items():
-            prks[node] = [
+            prks = [
                 PairKey(pair_secret(key, node_key, pair_salt(self.run, m, node, public, node_key)))
                 for m, (key, public) in zip(self.members, pairs, strict=True)
             ]
+            keyrings[node] = RoundKeyring(len(self.members), round_key_info)
+            keyrings[node].add(range(len(self.members)), prks)
         publics = np.frombuffer(b"".join(p for _, p in pairs), dtype=np.uint8)
         body = RegisterBody(
             self._index.astype(np.uint32), publics.reshape(-1, PUBLIC_KEY_BYTES).copy()
         )
-        self._pairs, self.state = prks, "ready"
+        self._keyrings, self.state = keyrings, "ready"
         return [self._out.make(node, 0, body) for node in self.config.nodes]
 
     def contribute(
@@ -201,21 +204,20 @@ class Client:
         value_node = self.config.value_node(idx, spec.round)
         seeds = random_seeds(len(idx) * (m - 1)).reshape(len(idx), m - 1, -1)
         shares = blinded - expand_rows(seeds, d, self.config.prg)
-        info = round_info(digest)
         out = []
         for j, node in enumerate(self.config.nodes):
             is_value = value_node == j
             slot = (j - (value_node < j))[~is_value]
             v_rows = shares[is_value].astype("<u8").view(np.uint8).reshape(-1, 8 * d)
             s_rows = seeds[~is_value, slot]
-            prks = self._pairs[node]
-            v_keys = round_keys([prks[p] for p in positions[is_value].tolist()], info)
-            s_keys = round_keys([prks[p] for p in positions[~is_value].tolist()], info)
+            keyring = self._keyrings[node]
+            v_keys = keyring.keys(spec.round, positions[is_value])
+            s_keys = keyring.keys(spec.round, positions[~is_value])
             body = SharesBody(
                 idx[is_value].astype(np.uint32),
-                seal_rows(v_keys, v_rows, frame_aads(digest, node, "value", idx[is_value])),
+                seal_rows(v_keys, v_rows, frame_aad(digest, node, "value")),
                 idx[~is_value].astype(np.uint32),
-                seal_rows(s_keys, s_rows, frame_aads(digest, node, "seed", idx[~is_value])),
+                seal_rows(s_keys, s_rows, frame_aad(digest, node, "seed")),
             )
             out.append(self._out.make(node, spec.round, body))
         return out

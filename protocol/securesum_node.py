@@ -35,10 +35,10 @@ from dpmarket.protocol.dca_spec import (
     RoundSpec,
     SeenBody,
     SharesBody,
-    frame_aads,
+    frame_aad,
     pack_set,
     pair_salt,
-    round_info,
+    round_key_info,
     unpack_set,
 )
 from dpmarket.protocol.errors import RemoteProtocolError
@@ -51,11 +51,11 @@ from dpmarket.protocol.sealing import (
     SEED_BYTES,
     TAG_BYTES,
     PairKey,
+    RoundKeyring,
     expand_sum,
     generate_keypair,
     open_rows,
     pair_secret,
-    round_keys,
 )
 
 __all__ = ["ComputeNode"]
@@ -86,7 +86,7 @@ class ComputeNode:
             raise ValueError(f"name: {name!r} is not one of the compute nodes {config.nodes}")
         self.config, self.name, self.run = config, name, config.run
         self._private, self.public_key = generate_keypair()
-        self._pairs: list[PairKey | None] = [None] * config.n_clients
+        self._keys = RoundKeyring(config.n_clients, round_key_info)
         self._registered = np.zeros(config.n_clients, dtype=np.bool_)
         self._out = Outbox(config.run, name)
         self.state = "idle"
@@ -146,7 +146,7 @@ class ComputeNode:
         again = [self.config.clients[i] for i in idx[self._registered[idx]]]
         if again:
             raise RemoteProtocolError(f"dca.register: clients {again[:3]} already registered")
-        derived = {}
+        derived: dict[int, PairKey] = {}
         for i, key in zip(idx, keys, strict=True):
             client, raw = self.config.clients[i], key.tobytes()
             salt = pair_salt(self.run, client, self.name, raw, self.public_key)
@@ -154,8 +154,7 @@ class ComputeNode:
                 derived[int(i)] = PairKey(pair_secret(self._private, raw, salt))
             except ValueError as exc:
                 raise RemoteProtocolError(f"dca.register: client {client}: {exc}") from None
-        for i, pair in derived.items():
-            self._pairs[i] = pair
+        self._keys.add(list(derived), list(derived.values()))
         self._registered[list(derived)] = True
         return []
 
@@ -221,10 +220,9 @@ class ComputeNode:
             (int(i), f"{kind} frame sent to the wrong node")
             for i in idx[known & fresh & ~right_kind]
         ]
-        pairs = [self._pairs[i] for i in idx[usable].tolist()]
-        keys = round_keys([p for p in pairs if p is not None], round_info(rnd.digest))
-        aads = frame_aads(rnd.digest, self.name, kind, idx[usable])
-        plain_usable, ok_usable = open_rows(keys, frames[usable], aads)
+        keys = self._keys.keys(rnd.spec.round, idx[usable])
+        aad = frame_aad(rnd.digest, self.name, kind)
+        plain_usable, ok_usable = open_rows(keys, frames[usable], aad)
         ok = np.zeros(len(idx), dtype=np.bool_)
         ok[usable] = ok_usable
         plain = np.zeros((len(idx), plain_usable.shape[1]), dtype=np.uint8)

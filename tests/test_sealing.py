@@ -8,8 +8,11 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
 
+from dpmarket.protocol.dca_spec import round_key_info
 from dpmarket.protocol.sealing import (
+    ROUND_KEY_BLOCK,
     PairKey,
+    RoundKeyring,
     expand_rows,
     expand_sum,
     generate_keypair,
@@ -19,7 +22,6 @@ from dpmarket.protocol.sealing import (
     open_rows,
     pair_secret,
     random_seeds,
-    round_keys,
     seal_rows,
 )
 
@@ -50,13 +52,62 @@ def test_hkdf_matches_the_cryptography_package() -> None:
     prk = hkdf_extract(salt, ikm)
     want = HKDF(hashes.SHA256(), 32, salt, info).derive(ikm)
     assert hkdf_expand(prk, info) == want
-    assert round_keys([PairKey(prk)], info) == [want]
     assert PairKey(prk).expand(info) == want
     for seed in range(20):  # random keys and info lengths across SHA-256 block boundaries
         prk = bytes((seed * 37 + i) % 256 for i in range(32))
         info = bytes(range(seed * 7))
         assert PairKey(prk).expand(info) == HKDFExpand(hashes.SHA256(), 32, info).derive(prk)
     assert HKDFExpand(hashes.SHA256(), 80, info).derive(prk) == hkdf_expand(prk, info, 80)
+
+
+def _keyring(pairs: int = 3, block: int = 4) -> tuple[RoundKeyring, list[bytes]]:
+    prks = [bytes([7 * i + 1]) * 32 for i in range(pairs)]
+    ring = RoundKeyring(pairs + 2, round_key_info, block)  # two slots stay empty
+    ring.add([0, 2, 4][:pairs], [PairKey(p) for p in prks])
+    return ring, prks
+
+
+def test_round_keys_are_hkdf_expand_pieces_of_their_block() -> None:
+    ring, prks = _keyring(block=4)
+    for round_ in range(1, 13):  # three blocks, derived as the rounds reach them
+        block, piece = divmod(round_ - 1, 4)
+        keys = ring.keys(round_, [4, 0, 2])
+        for key, prk in zip(keys, [prks[2], prks[0], prks[1]], strict=True):
+            okm = HKDFExpand(hashes.SHA256(), 4 * 32, round_key_info(block)).derive(prk)
+            assert key == okm[32 * piece : 32 * (piece + 1)]
+    assert ROUND_KEY_BLOCK * 32 <= 255 * 32  # one HKDF-Expand call per block and pair
+
+
+def test_round_keys_differ_per_round_and_pair() -> None:
+    ring, _ = _keyring(pairs=3, block=4)
+    seen = [k for r in range(1, 10) for k in ring.keys(r, [0, 2, 4])]
+    assert len(set(seen)) == len(seen) == 27  # also the same piece of different blocks
+
+
+def test_round_keys_refuse_bad_slots_and_past_blocks() -> None:
+    ring, _ = _keyring(block=4)
+    assert ring.keys(5, [0]) != ring.keys(6, [0])  # block 1 is now current
+    with pytest.raises(ValueError, match="discarded"):
+        ring.keys(4, [0])
+    with pytest.raises(ValueError, match="no pair key"):
+        ring.keys(6, [1])
+    with pytest.raises(ValueError, match="outside"):
+        ring.keys(6, [5])
+    with pytest.raises(ValueError, match="round"):
+        ring.keys(0, [0])
+    with pytest.raises(ValueError, match="already installed"):
+        ring.add([0], [PairKey(bytes(32))])
+    with pytest.raises(ValueError, match="slots"):
+        ring.add([1, 3], [PairKey(bytes(32))])
+
+
+def test_a_pair_added_late_gets_the_current_block() -> None:
+    ring, _ = _keyring(block=4)
+    ring.keys(9, [0])  # block 2
+    prk = bytes(range(32))
+    ring.add([1], [PairKey(prk)])
+    okm = HKDFExpand(hashes.SHA256(), 4 * 32, round_key_info(2)).derive(prk)
+    assert ring.keys(10, [1]) == [okm[32:64]]
 
 
 def test_pair_secret_agrees_and_binds_the_salt() -> None:
@@ -75,42 +126,44 @@ def test_length_prefixed_is_unambiguous() -> None:
     assert length_prefixed(1) != length_prefixed(b"\x01")
 
 
-def _sealed(n: int = 4, width: int = 40) -> tuple[list[bytes], np.ndarray, list[bytes], np.ndarray]:
+def _sealed(n: int = 4, width: int = 40) -> tuple[list[bytes], np.ndarray, bytes, np.ndarray]:
     keys = [bytes([i]) * 32 for i in range(n)]
     rows = np.arange(n * width, dtype=np.uint64).astype(np.uint8).reshape(n, width)
-    aads = [f"aad {i}".encode() for i in range(n)]
-    return keys, rows, aads, seal_rows(keys, rows, aads)
+    aad = b"round 1 to node n0"
+    return keys, rows, aad, seal_rows(keys, rows, aad)
 
 
 def test_seal_and_open_round_trip() -> None:
-    keys, rows, aads, frames = _sealed()
+    keys, rows, aad, frames = _sealed()
     assert frames.shape == (4, 12 + 40 + 16)
-    plain, ok = open_rows(keys, frames, aads)
+    plain, ok = open_rows(keys, frames, aad)
     assert ok.all()
     assert np.array_equal(plain, rows)
-    again = seal_rows(keys, rows, aads)
+    again = seal_rows(keys, rows, aad)
     assert not np.array_equal(again[:, :12], frames[:, :12])  # fresh random nonces
 
 
 @pytest.mark.parametrize("column", [0, 11, 12, 30, 51, 67])  # nonce, ciphertext, tag
 def test_any_flipped_bit_is_rejected_alone(column: int) -> None:
-    keys, rows, aads, frames = _sealed()
+    keys, rows, aad, frames = _sealed()
     tampered = frames.copy()
     tampered[2, column] ^= 0x10
-    plain, ok = open_rows(keys, tampered, aads)
+    plain, ok = open_rows(keys, tampered, aad)
     assert ok.tolist() == [True, True, False, True]
     assert not plain[2].any()  # no unauthenticated plaintext is handed out
     assert np.array_equal(plain[[0, 1, 3]], rows[[0, 1, 3]])
 
 
 def test_wrong_key_or_associated_data_is_rejected() -> None:
-    keys, _, aads, frames = _sealed()
-    _, ok = open_rows(keys[1:] + keys[:1], frames, aads)
+    keys, _, aad, frames = _sealed()
+    _, ok = open_rows(keys[1:] + keys[:1], frames, aad)
     assert not ok.any()
-    _, ok = open_rows(keys, frames, [a + b"!" for a in aads])
+    _, ok = open_rows(keys, frames, aad + b"!")
     assert not ok.any()
     with pytest.raises(ValueError, match="rows"):
-        seal_rows(keys[:2], np.zeros((3, 5), dtype=np.uint8), aads[:3])
+        seal_rows(keys[:2], np.zeros((3, 5), dtype=np.uint8), aad)
+    with pytest.raises(ValueError, match="frames"):
+        open_rows(keys[:2], frames, aad)
 
 
 def test_aes_stream_is_aes_256_ctr_from_counter_2() -> None:

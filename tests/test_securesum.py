@@ -20,6 +20,7 @@ from dpmarket.protocol.dca_spec import (
 from dpmarket.protocol.errors import LocalProtocolError, RemoteProtocolError
 from dpmarket.protocol.fixedpoint import ring_sum, to_signed
 from dpmarket.protocol.messages import Message, ReplayGuard, decode, encode
+from dpmarket.protocol.sealing import ROUND_KEY_BLOCK
 from dpmarket.protocol.securesum import Aggregator, Client, ComputeNode, DcaConfig
 from dpmarket.protocol.securesum_driver import DcaSession, secure_sum
 
@@ -203,6 +204,30 @@ def test_replayed_frames_are_refused() -> None:
         node.receive(wire(old))
     fresh = session.clients[0].contribute(spec2, np.ones((1, 5)), np.random.default_rng(2))
     node.receive(wire(next(m for m in fresh if m.recipient == msg.recipient)))
+
+
+def test_rounds_across_key_blocks_stay_exact_and_refuse_old_frames() -> None:
+    """Rounds 1, 2, B + 1 and 2 B + 1 use keys from three HKDF blocks, derived on first use;
+    a round-1 frame resent in round B + 1 (same piece of the next block) fails authentication."""
+    cfg = config(5, 3, 1, bound=10.0, f=20)
+    session = DcaSession(cfg, batch=2)
+    rng = np.random.default_rng(3)
+    for round_ in (1, 2, ROUND_KEY_BLOCK + 1, 2 * ROUND_KEY_BLOCK + 1):
+        x = rng.uniform(-10.0, 10.0, (5, 4))
+        out = session.run_round(RoundSpec(round_, 4, 0.0), x, rng)
+        assert out.result.ring_total is not None
+        assert np.array_equal(out.result.ring_total, ring_sum(cfg.codec.encode(x)))
+    session, _, msgs = single_client_round()
+    for m in msgs[1:]:
+        session.nodes[m.recipient].receive(wire(m))
+    session.deliver(session.clients[1].contribute(RoundSpec(1, 5, 0.0), np.ones((1, 5)), rng))
+    for party in session.parties.values():
+        session.deliver(party.expire(10.0))
+    later = RoundSpec(ROUND_KEY_BLOCK + 1, 5, 0.0)
+    pump(session, session.aggregator.open_round(later, deadline=20.0))
+    old = dataclasses.replace(msgs[0], round=later.round, seq=msgs[0].seq + 200)
+    with pytest.raises(RemoteProtocolError, match="authentication failed"):
+        session.nodes[old.recipient].receive(wire(old))
 
 
 def test_batch_with_one_bad_row_keeps_the_good_rows() -> None:
