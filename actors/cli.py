@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "digits",
-        help="paper-faithful protocol vs baselines on digits, in-process (configs/evaluate.toml)",
+        help="private protocol vs baselines on digits, in-process (configs/evaluate.toml)",
     )
     demo.add_argument("--config", help="TOML file (see configs/evaluate.toml)")
     demo.add_argument("--quick", action="store_true", help="one seed, the first two sizes")

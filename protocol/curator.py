@@ -100,6 +100,7 @@ class CuratorParams:
     candidate_center: float = 0.0
     candidate_scale: float = 1.0
     herding_residual_weight: float = 1.0
+    herding_ascent_steps: int = 0  # herding: gradient steps per virtual point (0: candidates)
     # Public standardisation of the features before h1 (the normalise round's DP means and
     # spreads; None: raw features). Set through Curator.standardize before the run starts.
     center: tuple[float, ...] | None = None
@@ -137,6 +138,7 @@ class CuratorParams:
             "candidate_distribution": self.candidate_distribution in CANDIDATE_DISTRIBUTIONS,
             "candidate_scale": self.candidate_scale > 0,
             "herding_residual_weight": self.herding_residual_weight >= 0,
+            "herding_ascent_steps": self.herding_ascent_steps >= 0,
             "center, scale": (self.center is None) == (self.scale is None)
             and (self.scale is None or min(self.scale, default=1.0) > 0),
         }

@@ -31,9 +31,10 @@ g_l, broadcast after the q-th point joins the summary S (party ``owner-k``, per 
   public random candidates (its "virtual summary" z_1, z_2, ...) and steers the owners with
   ``w = h1(z_{q+1}) + beta (g_tilde - V_q / (q + 1))``, V_q the sum of the first q virtual
   points: each owner bids its point nearest (in the kernel) to the next virtual point, pulled
-  toward what the candidates could not cover. The broadcast is post-processing of g_tilde
-  (already charged to the validation set) and of public candidates: no owner event. The
-  curator sends ``g = (q + 1)/q (g_tilde - w)``, so the owners' bid
+  toward what the candidates could not cover. The plan moves each chosen candidate by gradient
+  ascent of ``h1(z) . residual`` in the public domain (:class:`HerdingChannel`). The broadcast
+  is post-processing of g_tilde (already charged to the validation set) and of public
+  candidates: no owner event. The curator sends ``g = (q + 1)/q (g_tilde - w)``, so the owners' bid
   ``h1(x) . (g_tilde - q/(q + 1) g)`` (PAPER-NOTES item 1) equals ``h1(x) . w``.
 
 Why herding: at eps_owner <= 1 the bid's diversity term ``h1(x) . G/(q+1)`` sees noise of
@@ -72,6 +73,7 @@ if TYPE_CHECKING:  # the curator imports this module; its params type is needed 
 
 __all__ = [
     "CANDIDATE_DISTRIBUTIONS",
+    "HERDING_ASCENT_STEPS",
     "SUMMARY_RELEASES",
     "VALIDATION_RELEASES",
     "GaussianChannel",
@@ -82,6 +84,7 @@ __all__ = [
     "SummaryRelease",
     "TreeAggregator",
     "TreeChannel",
+    "candidate_box",
     "clip_rows",
     "dimension_rule",
     "gaussian_noise_multiplier",
@@ -285,43 +288,88 @@ def public_candidates(params: ReleaseParams, n_features: int) -> F64:
     raise ValueError(f"candidate_distribution must be one of {CANDIDATE_DISTRIBUTIONS}")
 
 
+def candidate_box(params: ReleaseParams) -> tuple[float, float]:
+    """The public box herding's ascent stays in: the uniform domain, or center +- 3 scale."""
+    width = params.candidate_scale * (1.0 if params.candidate_distribution == "uniform" else 3.0)
+    return params.candidate_center - width, params.candidate_center + width
+
+
 class HerdingChannel:
     """Steer the owners with a public virtual summary (module docstring): no owner event.
 
-    Candidates are used without replacement; ``residual_weight`` is beta.
+    Candidates are used without replacement; ``residual_weight`` is beta. With ``ascent`` set
+    (``(h1, Z, steps, low, high)``, Z the candidates in h1's standardised coordinates) each
+    chosen candidate is then moved by up to ``steps`` normalised gradient steps that increase
+    ``h1(z) . residual`` inside the box ``[low, high]`` (the first step half the box wide; a step
+    that does not increase it is halved instead): herding's argmax over the whole public
+    domain, started from the best candidate. The virtual point is the moved one. It uses only
+    g_tilde and public data (no owner event) and is deterministic, so a replay is identical.
     """
 
-    def __init__(self, g_validation: F64, H_candidates: npt.ArrayLike, residual_weight: float):
+    def __init__(
+        self,
+        g_validation: F64,
+        H_candidates: npt.ArrayLike,
+        residual_weight: float,
+        ascent: tuple[RandomFourierFeatures, F64, int, float, float] | None = None,
+    ):
         self.g = np.asarray(g_validation, dtype=np.float64)
         self.H = np.asarray(H_candidates, dtype=np.float32)
         if self.H.ndim != 2 or self.H.shape[1] != self.g.shape[0] or len(self.H) == 0:
             raise ValueError(f"H_candidates must have shape (n, {self.g.shape[0]}), n >= 1")
+        if ascent is not None and ascent[1].shape != (len(self.H), ascent[0].n_features):
+            raise ValueError("ascent candidates must have one row of n_features per H row")
         self.beta = float(residual_weight)
+        self.ascent = ascent
         self._free = np.ones(len(self.H), dtype=bool)
         self._virtual = np.zeros_like(self.g)
-        self._sequence: list[int] = []
+        self._sequence: list[int] = []  # candidate indices, in herding order
+        self._points: list[F32] = []  # h1 of the virtual points (moved by the ascent)
 
     def _next_residual(self) -> F64:
         return np.asarray(self.g - self._virtual / (len(self._sequence) + 1), dtype=np.float64)
 
     def _extend(self) -> F64:
-        """Append the next herding candidate; return the residual it was chosen against."""
+        """Append the next herding point; return the residual it was chosen against."""
         residual = self._next_residual()
         if not self._free.any():
             self._free[:] = True  # every candidate used: start another pass
         scores = np.where(self._free, self.H @ residual.astype(np.float32), -np.inf)
         best = int(np.argmax(scores))
         self._free[best] = False
+        h = self.H[best] if self.ascent is None else self._ascend(best, residual)
         self._sequence.append(best)
-        self._virtual = self._virtual + self.H[best]
+        self._points.append(h)
+        self._virtual = self._virtual + h
         return residual
+
+    def _ascend(self, index: int, residual: F64) -> F32:
+        """h1 of candidate ``index`` after gradient ascent of ``h1(z) . residual`` (class doc)."""
+        assert self.ascent is not None
+        h1, Z, steps, low, high = self.ascent
+        omega, b = h1.omega.astype(np.float64), h1.b.astype(np.float64)
+        amp = math.sqrt(2.0 / h1.d)
+        z, step = Z[index].astype(np.float64), (high - low) / 2.0
+
+        def value(point: F64) -> float:
+            return float(amp * np.cos(point @ omega + b) @ residual)
+
+        current = value(z)
+        for _ in range(steps):
+            grad = -amp * omega @ (residual * np.sin(z @ omega + b))
+            trial = np.clip(z + step * grad / max(float(np.linalg.norm(grad)), 1e-12), low, high)
+            if (score := value(trial)) > current:
+                z, current = trial, score
+            else:
+                step /= 2.0
+        return np.asarray(h1.hash_standardized(z[None, :])[0], dtype=np.float32)
 
     def release(self, summary_H: F32, rng: np.random.Generator) -> SummaryRelease:
         q = len(summary_H)
         while len(self._sequence) < q:
             self._extend()
         residual = self._extend()  # virtual point q + 1
-        w = self.H[self._sequence[q]].astype(np.float64) + self.beta * residual
+        w = self._points[q].astype(np.float64) + self.beta * residual
         return SummaryRelease(np.asarray((q + 1) / q * (self.g - w), dtype=np.float64))
 
 
@@ -351,14 +399,24 @@ def make_summary_channel(
     if kind == "tree":
         return TreeChannel(params)
     if kind == "herding":
-        candidates = h1.hash_standardized(public_candidates(params, h1.n_features))
-        return HerdingChannel(g_validation, candidates, params.herding_residual_weight)
+        Z = public_candidates(params, h1.n_features)
+        ascent = None
+        if params.herding_ascent_steps:
+            low, high = candidate_box(params)
+            ascent = (h1, Z, params.herding_ascent_steps, low, high)
+        return HerdingChannel(
+            g_validation, h1.hash_standardized(Z), params.herding_residual_weight, ascent
+        )
     raise ValueError(f"summary_release must be one of {SUMMARY_RELEASES}, got {kind!r}")
 
 
 # --------------------------------------------------------------------------------------------
 # Planning: noise multipliers, the budget split, d
 # --------------------------------------------------------------------------------------------
+
+HERDING_ASCENT_STEPS = 30
+"""Gradient steps per herding point in the plan (:class:`HerdingChannel`); on the digits split
+they raised the gap closed at every p in {50, 100, 200} over 16 seeds (benchmarks/utility.py)."""
 
 NOMINAL_EPS_AUCTION = 1e-6
 """eps_auc charged per epoch when tau = 1 forces every bidder to be asked (the asked bit is then
@@ -430,6 +488,7 @@ class ReleasePlan:
     summary_events: int
     neighbouring: str = "add_remove"
     max_deliveries: int = 3
+    herding_ascent_steps: int = 0
 
     def overrides(self) -> dict[str, Any]:
         """Keyword arguments for ``dataclasses.replace(CuratorParams(...), **overrides)``."""
@@ -443,6 +502,7 @@ class ReleasePlan:
             max_epochs=self.max_epochs,
             neighbouring=self.neighbouring,
             max_deliveries=self.max_deliveries,
+            herding_ascent_steps=self.herding_ascent_steps,
         )
         return out
 
@@ -479,7 +539,8 @@ def plan_releases(
     summary release is free). The summary releases ("gaussian": p - 1 events; "tree":
     ``(p - 1).bit_length()`` levels) take the rest: their multiplier is the smallest that keeps
     the composed PLD epsilon within eps_owner. "herding" costs owners nothing; it withdraws a
-    point after one delivery (``max_deliveries = 1``, module docstring), the others after three.
+    point after one delivery (``max_deliveries = 1``, module docstring), the others after three,
+    and moves each virtual point by :data:`HERDING_ASCENT_STEPS` gradient steps.
     """
     if summary not in SUMMARY_RELEASES[1:] or auction not in ("all", "pure"):
         raise ValueError(f"summary must be gaussian, tree or herding and auction all or pure, got "
@@ -512,7 +573,9 @@ def plan_releases(
             0.1, 1e4, steps=26,
         )  # fmt: skip
     relation = "replace" if replace else "add_remove"
-    deliveries = 1 if summary == "herding" else 3
+    herding = summary == "herding"
     return ReleasePlan(
-        d, clip, z_v, summary, z_s, "pure", eps_auc, tau, epochs, events, relation, deliveries
-    )
+        d, clip, z_v, summary, z_s, "pure", eps_auc, tau, epochs, events, relation,
+        max_deliveries=1 if herding else 3,
+        herding_ascent_steps=HERDING_ASCENT_STEPS if herding else 0,
+    )  # fmt: skip

@@ -205,6 +205,7 @@ def test_plan_meets_the_budgets_with_every_planned_event(summary: str, auction: 
     assert plan.tau == (1 if auction == "all" else 3)  # ceil(K^(2/3)), K = 4
     assert plan.summary_events == {"tree": (39).bit_length(), "gaussian": 39, "herding": 0}[summary]
     assert plan.overrides()["max_deliveries"] == (1 if summary == "herding" else 3)
+    assert plan.overrides()["herding_ascent_steps"] == (30 if summary == "herding" else 0)
     with pytest.raises(ValueError, match="summary"):
         plan_releases(40, 50, 4, summary="mwem")
 
@@ -266,3 +267,22 @@ def test_planned_herding_never_lets_a_duplicate_hand_the_epoch_to_another_owner(
 
     assert duplicates(1) == 0
     assert duplicates(3) > 0
+
+
+def test_herding_ascent_moves_virtual_points_up_the_residual_inside_the_box() -> None:
+    h1 = RandomFourierFeatures(4, 64, 0.5, 7)
+    rng = np.random.default_rng(8)
+    g = h1.hash_standardized(rng.normal(0.3, 0.1, (50, 4))).mean(axis=0).astype(np.float64)
+    Z = rng.uniform(-1.0, 1.0, (300, 4))
+    plain = HerdingChannel(g, h1.hash_standardized(Z), 1.0)
+    moved = HerdingChannel(g, h1.hash_standardized(Z), 1.0, (h1, Z, 25, -1.0, 1.0))
+    summary = np.zeros((6, 64), dtype=np.float32)
+    plain.release(summary, rng)
+    moved.release(summary, rng)
+    assert moved._sequence[0] == plain._sequence[0]  # same start, then moved uphill
+    assert float(moved._points[0] @ g) > float(plain._points[0] @ g) + 1e-3
+    again = HerdingChannel(g, h1.hash_standardized(Z), 1.0, (h1, Z, 25, -1.0, 1.0))
+    again.release(summary, rng)
+    np.testing.assert_array_equal(np.array(again._points), np.array(moved._points))  # replay
+    assert plan_releases(40, 50, 4, summary="herding").herding_ascent_steps == 30
+    assert plan_releases(40, 50, 4, summary="tree").herding_ascent_steps == 0
