@@ -20,10 +20,11 @@ compute node, with public-key cryptography only to agree on keys. Here:
 * **Seeds.** Blinding shares r_{i,2..M} travel as 32-byte seeds drawn from ``secrets``; the
   compute node expands them with AES-256-CTR or ChaCha20 (:func:`expand_rows`). The keystream is
   taken from the AEAD primitives of ``cryptography`` encrypting zeros with a zero nonce (GCM's
-  encryption is AES-CTR from counter block nonce || 2; ChaCha20-Poly1305's is ChaCha20 from block
-  counter 1), which avoids a cipher-context set-up per seed; the tag is discarded. Each seed is a
-  fresh key used for exactly one expansion, so the fixed nonce is safe. Tests check both streams
-  against the raw ``Cipher`` objects.
+  encryption is AES-CTR from counter block nonce || 2, CCM's, used for streams of at most 256
+  bytes because its set-up costs less, AES-CTR from counter block 0x01 || 0^13 || 1;
+  ChaCha20-Poly1305's is ChaCha20 from block counter 1), which avoids a cipher-context set-up
+  per seed; the tag is discarded. Each seed is a fresh key used for exactly one expansion, so
+  the fixed nonce is safe. Tests check the streams against the raw ``Cipher`` objects.
 
 Security assumptions: compute nodes' public keys reach clients authentically (configuration, not
 the relay); X25519 private keys never leave the party that made them.
@@ -40,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+from cryptography.hazmat.primitives.ciphers.aead import AESCCM, AESGCM, ChaCha20Poly1305
 
 __all__ = [
     "KEY_BYTES",
@@ -72,6 +73,8 @@ PUBLIC_KEY_BYTES = 32
 PRGS = ("aes-ctr", "chacha20")
 ROUND_KEY_BLOCK = 16  # rounds whose keys one HKDF-Expand call per pair derives
 _ZERO_NONCE = bytes(NONCE_BYTES)
+_ZERO_NONCE_13 = bytes(13)
+_CCM_STREAM_BYTES = 256  # AES streams this short come from AESCCM (its set-up is cheaper)
 _CHUNK_BYTES = 1 << 25  # keystream bytes joined per vectorised block
 
 U8 = npt.NDArray[np.uint8]
@@ -295,11 +298,14 @@ def random_seeds(count: int) -> U8:
     return np.frombuffer(raw, dtype=np.uint8).reshape(count, SEED_BYTES).copy()
 
 
-def _prg_cipher(prg: str) -> type[AESGCM] | type[ChaCha20Poly1305]:
+def _prg_cipher(prg: str, d: int) -> tuple[type[AESGCM | AESCCM | ChaCha20Poly1305], bytes]:
+    """The AEAD whose encryption of zeros is the seed's keystream for d words, and its nonce."""
     if prg == "aes-ctr":
-        return AESGCM
+        if 8 * d <= _CCM_STREAM_BYTES:
+            return AESCCM, _ZERO_NONCE_13
+        return AESGCM, _ZERO_NONCE
     if prg == "chacha20":
-        return ChaCha20Poly1305
+        return ChaCha20Poly1305, _ZERO_NONCE
     raise ValueError(f"prg must be one of {PRGS}, got {prg!r}")
 
 
@@ -317,7 +323,7 @@ def _expanded_blocks(seeds: U8, d: int, prg: str) -> Iterator[tuple[int, U64]]:
         raise ValueError(f"seeds: expected shape (n, k, {SEED_BYTES}), got {arr.shape}")
     if isinstance(d, bool) or not isinstance(d, int) or d < 1:
         raise ValueError(f"d must be an integer >= 1, got {d!r}")
-    cipher, zeros = _prg_cipher(prg), bytes(8 * d)
+    (cipher, nonce), zeros = _prg_cipher(prg, d), bytes(8 * d)
     n, k, _ = arr.shape
     step = 8 * d + TAG_BYTES  # keystream words then the discarded tag (two words)
     chunk = max(1, min(n, _CHUNK_BYTES // (k * step)))
@@ -327,7 +333,7 @@ def _expanded_blocks(seeds: U8, d: int, prg: str) -> Iterator[tuple[int, U64]]:
         flat = np.ascontiguousarray(arr[start : start + chunk]).tobytes()
         for j, at in enumerate(range(0, len(flat), SEED_BYTES)):
             key = flat[at : at + SEED_BYTES]
-            cipher(key).encrypt_into(_ZERO_NONCE, zeros, None, dst[step * j : step * (j + 1)])
+            cipher(key).encrypt_into(nonce, zeros, None, dst[step * j : step * (j + 1)])
         yield start, buffer[: len(flat) // (SEED_BYTES * k)]
 
 

@@ -178,6 +178,17 @@ def test_aes_stream_is_aes_256_ctr_from_counter_2() -> None:
         assert np.array_equal(row, np.frombuffer(stream, dtype="<u8"))
 
 
+def test_short_aes_streams_are_aes_256_ctr_from_the_ccm_counter_block() -> None:
+    seeds = random_seeds(3)
+    for d in (1, 10, 32):  # up to 256 bytes: the keystream of AESCCM's encryption
+        words = expand_rows(seeds, d, "aes-ctr")
+        for seed, row in zip(seeds, words, strict=True):
+            iv = b"\x01" + bytes(13) + (1).to_bytes(2, "big")
+            cipher = Cipher(algorithms.AES(seed.tobytes()), modes.CTR(iv))
+            stream = cipher.encryptor().update(bytes(8 * d))
+            assert np.array_equal(row, np.frombuffer(stream, dtype="<u8"))
+
+
 def test_chacha_stream_is_chacha20_from_block_1() -> None:
     seeds = random_seeds(2)
     d = 20
