@@ -135,6 +135,7 @@ class CuratorActor:
         self._transport: RayTransport | None = None
         self._refresher: PoolRefresher | None = None
         self._refresh_task: asyncio.Task[None] | None = None
+        self._crash_at: int | None = None
 
     def _checkpoint(self) -> None:
         if self._journal is not None and self._curator.checkpoint_due:
@@ -216,8 +217,13 @@ class CuratorActor:
         """Hash standardised features from now on (before ``run``; see Curator.standardize)."""
         self._curator.standardize(center, scale, gamma)
 
-    async def run(self, handles: dict[str, Any], faults: FaultPlan | None = None) -> dict[str, Any]:
-        """Drive the run to completion or refusal; return the result as plain data."""
+    async def run(
+        self, handles: dict[str, Any], faults: FaultPlan | None = None, crash_at: int | None = None
+    ) -> dict[str, Any]:
+        """Drive the run to completion or refusal; return the result as plain data.
+        ``crash_at`` simulates a curator crash: the process exits once epoch ``crash_at`` is
+        reached, after journaling what is due (what a crash between two releases leaves)."""
+        self._crash_at = crash_at
         curator = self._curator
         started = time.perf_counter()
         first = curator.resume() if self._resumed else curator.start()
@@ -240,6 +246,8 @@ class CuratorActor:
         """After every state change: journal, and start a pool refresh when one is due."""
         self._checkpoint()
         refresher, curator = self._refresher, self._curator
+        if self._crash_at is not None and curator.epoch.number >= self._crash_at:
+            os._exit(70)  # simulated crash: no cleanup, no reply
         busy = self._refresh_task is not None and not self._refresh_task.done()
         if refresher is None or busy or curator.state in ("done", "refused"):
             return

@@ -69,7 +69,7 @@ from dpmarket.protocol.accounting import MechanismEvent, PrivacyLedger
 from dpmarket.protocol.hashing import MwemHash, RandomFourierFeatures
 
 if TYPE_CHECKING:  # the curator imports this module; its params type is needed for checking only
-    from dpmarket.protocol.curator import CuratorParams as ReleaseParams
+    from dpmarket.protocol.curator_params import CuratorParams as ReleaseParams
 
 __all__ = [
     "CANDIDATE_DISTRIBUTIONS",
