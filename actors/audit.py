@@ -34,7 +34,7 @@ from dpmarket.protocol.audit import (
     run_audit,
     summary_channel_scenario,
 )
-from dpmarket.protocol.releases import gaussian_noise_multiplier
+from dpmarket.protocol.release_plan import gaussian_noise_multiplier
 from dpmarket.protocol.securesum_driver import secure_sum
 from dpmarket.streams.lsh import make_family
 from dpmarket.streams.race import RaceSketch

@@ -29,7 +29,7 @@ from dpmarket.actors.scenarios import digits_split
 from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.curator import CuratorParams, SummaryResult
 from dpmarket.protocol.objective import greedy_exact, mmd2, uniform_sample
-from dpmarket.protocol.releases import ReleasePlan, plan_releases
+from dpmarket.protocol.release_plan import ReleasePlan, plan_releases
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
 __all__ = [
@@ -210,7 +210,7 @@ def _privacy(ledgers: dict[str, PrivacyLedger], owner: str, delta: float) -> dic
 DATASETS = ("synthetic", "digits")
 MECHANISMS = ("paper", "gaussian", "tree", "herding", "herding-pure")
 """Private mechanisms compared: the paper's Table 1 (MWEM h2, paper auction) and, planned to the
-budgets by :func:`~dpmarket.protocol.releases.plan_releases`, the Gaussian validation release
+budgets by :func:`~dpmarket.protocol.release_plan.plan_releases`, the Gaussian validation release
 with per-epoch Gaussian / tree-aggregated / herding summary releases (auction: every bidder asked,
 tau = 1) and herding with the calibrated pure auction (parsimonious)."""
 
@@ -258,7 +258,7 @@ def recommended_params(
     """The recommended configuration: Gaussian g_tilde, herding g_l, every bidder asked.
 
     Meets eps_owner and eps_validation at delta (PLD, every event of the run counted) by
-    :func:`~dpmarket.protocol.releases.plan_releases`; ``candidates`` describes the public
+    :func:`~dpmarket.protocol.release_plan.plan_releases`; ``candidates`` describes the public
     feature domain the herding candidates are drawn from (see :data:`CANDIDATE_DOMAINS`).
     """
     budget = (eps_owner, eps_validation, delta)

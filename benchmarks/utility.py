@@ -8,7 +8,7 @@ gap closed = (uniform - private) / (uniform - greedy); LinearSVC accuracy; the w
 owner and of the validation set over the seeds (ledger, dp-accounting PLD, delta 1e-5); distinct
 points the curator received. Mechanisms (actors/evaluate.py, MECHANISMS): "paper" (Table 1:
 MWEM h2, paper auction; its budget is not met and its auction has no finite epsilon), and,
-planned to eps_owner <= 1 and eps_validation <= 3 by protocol/releases.plan_releases:
+planned to eps_owner <= 1 and eps_validation <= 3 by protocol/release_plan.plan_releases:
 "gaussian", "tree", "herding" (every bidder asked) and "herding-pure" (calibrated pure auction).
 
     python benchmarks/utility.py            # full grid (about 15 minutes on 2 cores)

@@ -26,7 +26,7 @@ from dpmarket.protocol.audit import (
     run_audit,
     summary_channel_scenario,
 )
-from dpmarket.protocol.releases import gaussian_noise_multiplier
+from dpmarket.protocol.release_plan import gaussian_noise_multiplier
 
 DELTA = 1e-5
 

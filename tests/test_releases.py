@@ -19,15 +19,13 @@ from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.curator import CuratorParams
 from dpmarket.protocol.hashing import MwemHash, RandomFourierFeatures
 from dpmarket.protocol.objective import greedy_hashed, hashed_bids
+from dpmarket.protocol.release_plan import dimension_rule, gaussian_noise_multiplier, plan_releases
 from dpmarket.protocol.releases import (
     GaussianChannel,
     HerdingChannel,
     TreeAggregator,
     TreeChannel,
     clip_rows,
-    dimension_rule,
-    gaussian_noise_multiplier,
-    plan_releases,
     public_candidates,
     release_validation,
 )
