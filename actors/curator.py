@@ -262,7 +262,8 @@ class CuratorActor:
             self._refresher.history.append(
                 {"epoch": epoch, "status": "failed", "reason": repr(exc)}
             )
-            return
+            released = True  # it may have charged the ledgers before failing: journal them
+
         if released:  # the ledgers changed: journal them
             self._curator.checkpoint_due = True
             self._checkpoint()

@@ -115,7 +115,7 @@ def fault_verdicts(
                 "re-sent, not redrawn",
             }
         )
-    used = len(lost) + len(faults.colluders)
+    used = len(set(lost) | set(faults.colluders))
     for entry in out:
         entry["t_used"] = f"{used} of T = {tolerance}"
     return out

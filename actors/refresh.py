@@ -49,7 +49,9 @@ class PoolRefresher:
         self.every = int(plan.get("refresh_every", 0))
         self.next_epoch = self.every
         self.next_round = 3  # 1: normalise, 2: scan
-        self.base: dict[str, int] = dict.fromkeys(scan.included, scan.round)
+        # an owner's next delta starts where its last *released* contribution ended
+        released = scan.value is not None
+        self.base: dict[str, int] = dict.fromkeys(scan.included, scan.round) if released else {}
         self._release_of, self._coverage_of = release_of, coverage_of
         self.history: list[dict[str, Any]] = []
 

@@ -153,7 +153,7 @@ class RayTransport:
         import ray
 
         outbox = list(first)
-        pending: dict[asyncio.Future[Any], tuple[str, ...]] = {}
+        pending: dict[asyncio.Future[Any], Any] = {}  # call -> the actor handle it went to
         while not until():
             self._dispatch(outbox, pending)
             outbox = list(party.expire(self.clock()))
@@ -171,18 +171,19 @@ class RayTransport:
                 pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
             for fut in done:
-                owners = pending.pop(fut)
+                handle = pending.pop(fut)
                 try:
                     frames = fut.result()
-                except ray.exceptions.RayActorError:
-                    self.dead.update(owners)
-                    outbox.extend(party.lose(set(owners)))
+                except ray.exceptions.RayActorError:  # every owner the actor hosted is gone
+                    hosted = {o for o, h in self.handles.items() if h == handle}
+                    self.dead.update(hosted)
+                    outbox.extend(party.lose(hosted))
                     continue
                 outbox.extend(self._receive(party, frames))
                 if on_step is not None:
                     on_step()
 
-    def _dispatch(self, outbox: list[Message], pending: dict[Any, tuple[str, ...]]) -> None:
+    def _dispatch(self, outbox: list[Message], pending: dict[Any, Any]) -> None:
         """Encode the outbox and send it as one call per actor (co-located owners share one)."""
         import asyncio
 
@@ -206,7 +207,7 @@ class RayTransport:
         for handle, batches in by_actor.items():
             self.calls += 1
             ref = handle.handle.remote(batches)
-            pending[asyncio.ensure_future(ref)] = tuple(batches)
+            pending[asyncio.ensure_future(ref)] = handle
 
     def _receive(self, party: Any, frames: list[bytes]) -> list[Message]:
         out: list[Message] = []

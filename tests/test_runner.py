@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dpmarket.actors.config import ConfigError, FaultConfig, load_market_config
 from dpmarket.actors.faults import fault_verdicts
+from dpmarket.actors.refresh import PoolRefresher
 from dpmarket.actors.runner import owner_groups
 from dpmarket.actors.transport import FaultPlan
+from dpmarket.protocol.securesum import RoundResult
 
 NAMES = [f"owner-{i}" for i in range(1, 8)]
 
@@ -74,3 +77,26 @@ def test_fault_verdicts_say_what_was_tolerated_and_what_never_triggered() -> Non
         ("curator", "not triggered"),
     }
     assert all(v["t_used"] == "3 of T = 3" for v in fault_verdicts(faults, payload, 3))
+
+
+def _scan(value: object) -> RoundResult:
+    return RoundResult(
+        round=2,
+        status="released" if value is not None else "insufficient",
+        reason="",
+        value=value,  # type: ignore[arg-type]
+        ring_total=None,
+        included=("owner-1", "owner-2"),
+        missing=("owner-3",),
+        sigma_std=1.0,
+        sensitivity=1.0,
+    )
+
+
+def test_refresh_deltas_start_where_a_released_contribution_ended() -> None:
+    plan = {"refresh_every": 4}
+    released = PoolRefresher(None, plan, None, _scan(np.zeros(4)), None, None)  # type: ignore[arg-type]
+    assert released.base == {"owner-1": 2, "owner-2": 2}  # owner-3 was missing: from record 0
+    # a scan that released nothing leaves every record for the first delta
+    assert PoolRefresher(None, plan, None, _scan(None), None, None).base == {}  # type: ignore[arg-type]
+    assert [released.due(e) for e in (1, 3, 4, 5, 7, 8)] == [False, False, True, False, False, True]
