@@ -23,9 +23,8 @@ from dpmarket.protocol.regression import (
     DistributedRegression,
     RegressionConfig,
     Rng,
-    SumRelease,
-    _check_contributions,
 )
+from dpmarket.protocol.regression_sums import SumRelease, _check_contributions
 from dpmarket.protocol.securesum_driver import secure_sum
 
 __all__ = ["DcaSum", "fit_dca"]
