@@ -70,28 +70,23 @@ def fault_verdicts(
                 "is privacy.parties[owner].against_colluders",
             }
         )
-    for owner, epoch in sorted(faults.kill.items()):
+    owner_faults = [
+        (owner, f"owner killed at epoch {epoch}", "dropped at epoch {}; the run went on without it",
+         "the run finished before that epoch")
+        for owner, epoch in sorted(faults.kill.items())
+    ] + [
+        (owner, f"slow owner ({seconds:g} s per reply)",
+         "missed its deadline at epoch {} and was dropped", "answered within every deadline")
+        for owner, seconds in sorted(faults.slow.items())
+    ]  # fmt: skip
+    for owner, fault, when_lost, otherwise in owner_faults:
         seen = owner in lost
         out.append(
             {
-                "fault": f"owner killed at epoch {epoch}",
+                "fault": fault,
                 "party": owner,
                 "verdict": "tolerated" if seen else "not triggered",
-                "detail": f"dropped at epoch {lost[owner]}; the run went on without it"
-                if seen
-                else "the run finished before that epoch",
-            }
-        )
-    for owner, seconds in sorted(faults.slow.items()):
-        seen = owner in lost
-        out.append(
-            {
-                "fault": f"slow owner ({seconds:g} s per reply)",
-                "party": owner,
-                "verdict": "tolerated" if seen else "not triggered",
-                "detail": f"missed its deadline at epoch {lost[owner]} and was dropped"
-                if seen
-                else "answered within every deadline",
+                "detail": when_lost.format(lost[owner]) if seen else otherwise,
             }
         )
     for node in faults.kill_compute:
