@@ -44,6 +44,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dpmarket.protocol.dca_masks import block_rounds
+from dpmarket.protocol.dca_spec import SHARE_MODES
 from dpmarket.protocol.messages import Message, ReplayGuard, decode, encode
 from dpmarket.protocol.securesum import Aggregator, Client, ComputeNode, DcaConfig
 
@@ -172,11 +174,13 @@ class LocalCluster:
     has its own pipe to the main process. Client parties hold at most 2^21 values at the
     session's largest d, so small-d sessions have few, large parties."""
 
-    def __init__(self, n: int, workers: int, max_d: int) -> None:
+    def __init__(self, n: int, workers: int, max_d: int, shares: str = "derived") -> None:
         ctx = mp.get_context("fork") if os.name == "posix" else mp.get_context("spawn")
         clients = tuple(f"c{i}" for i in range(n))
         nodes = tuple(f"compute-{k}" for k in range(M))
-        self.cfg = DcaConfig(f"bench-{n}", clients, nodes, AGGREGATOR, bound=1.0, frac_bits=32)
+        self.cfg = DcaConfig(
+            f"bench-{n}", clients, nodes, AGGREGATOR, bound=1.0, frac_bits=32, shares=shares
+        )
         queues: dict[str, Queue[Any]] = {name: ctx.Queue() for name in nodes}
         self.queues, self.rounds = queues, 0
         self.conns: list[Connection] = []
@@ -293,16 +297,29 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
-def make_session(backend: str, n: int, workers: int, max_d: int) -> Session:
+def make_session(backend: str, n: int, workers: int, max_d: int, shares: str) -> Session:
     if backend == "ray":
         from dca_scaling_ray import RayCluster  # Ray is imported only when asked for
 
-        return RayCluster(n, workers, max_d, PARTY_VALUES, M, cpu_seconds)
-    return LocalCluster(n, workers, max_d)
+        return RayCluster(n, workers, max_d, PARTY_VALUES, M, cpu_seconds, shares)
+    return LocalCluster(n, workers, max_d, shares)
+
+
+def timed_rounds(d: int, repeats: int, shares: str) -> int:
+    """Rounds timed per cell: with derived shares, whole blocks of B(d) consecutive rounds
+    (exactly one block set-up per B(d) rounds falls inside), at least ``repeats``."""
+    if shares != "derived":
+        return repeats
+    block = block_rounds(d)
+    return block * math.ceil(repeats / block)
 
 
 def run_grid(
-    grid: list[tuple[int, list[int]]], repeats: int, workers: int, backend: str = "processes"
+    grid: list[tuple[int, list[int]]],
+    repeats: int,
+    workers: int,
+    backend: str = "processes",
+    shares: str = "derived",
 ) -> list[Cell]:
     cells: list[Cell] = []
     for n, dims in grid:
@@ -317,14 +334,15 @@ def run_grid(
             todo.append(d)
         if not todo:
             continue
-        cluster = make_session(backend, n, workers, max(todo))
+        cluster = make_session(backend, n, workers, max(todo), shares)
         print(f"N={n:>6}: session set-up {cluster.setup_seconds:.2f} s ({n * M} X25519 pairs)")
         try:
             for d in todo:
                 guess = estimate(cells, n, d)
                 if guess < 10:
                     cluster.run_round(d)  # warm-up round (page faults, first allocations)
-                runs = [cluster.run_round(d) for _ in range(repeats if guess < 30 else 1)]
+                count = timed_rounds(d, repeats if guess < 30 else 1, shares)
+                runs = [cluster.run_round(d) for _ in range(count)]
                 cell = Cell(
                     n, d, [r[0] for r in runs], [r[1] for r in runs], max(r[2] for r in runs)
                 )
@@ -339,7 +357,8 @@ def print_cell(cell: Cell) -> None:
     paper = PAPER[cell.n][DIMS.index(cell.d)]
     print(
         f"N={cell.n:>6} d={cell.d:>5} M={M}: {cell.mean:8.3f} s/round "
-        f"(runs {', '.join(f'{s:.3f}' for s in cell.seconds)}), paper {paper:8.2f} s, "
+        f"({len(cell.seconds)} rounds: min {min(cell.seconds):.3f}, "
+        f"max {max(cell.seconds):.3f}), paper {paper:8.2f} s, "
         f"speed-up {paper / cell.mean:7.1f}x, CPU {statistics.fmean(cell.cpu):.2f} s/round, "
         f"max error {cell.error_sds:.1f} noise sd"
     )
@@ -370,6 +389,12 @@ def main() -> None:
     parser.add_argument(
         "--ray", action="store_true", help="compute nodes and client batches as Ray actors"
     )
+    parser.add_argument(
+        "--shares",
+        choices=SHARE_MODES,
+        default="derived",
+        help="blinding shares derived from the pair keys (default) or sent as sealed seeds",
+    )
     args = parser.parse_args()
     repeats = args.repeats
     if args.cells:
@@ -388,10 +413,11 @@ def main() -> None:
         grid = [(n, dims) for n, dims in grid if dims]
     backend = "ray" if args.ray else "processes"
     start = time.perf_counter()
-    cells = run_grid(grid, repeats, args.workers, backend)
+    cells = run_grid(grid, repeats, args.workers, backend, args.shares)
     print(
         f"total {time.perf_counter() - start:.1f} s, {args.workers} client "
-        f"{'actors' if args.ray else 'processes'}, {M} nodes ({backend})"
+        f"{'actors' if args.ray else 'processes'}, {M} nodes ({backend}), "
+        f"shares {args.shares}"
     )
     rows = [
         {
@@ -404,7 +430,8 @@ def main() -> None:
         }
         for c in cells
     ]
-    print(json.dumps({"benchmark": "dca_scaling", "backend": backend, "cells": rows}))
+    out = {"benchmark": "dca_scaling", "backend": backend, "shares": args.shares, "cells": rows}
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

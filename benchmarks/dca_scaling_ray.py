@@ -91,11 +91,14 @@ class RayCluster:
         party_values: int,
         nodes: int,
         cpu_seconds: Callable[[list[int]], float],
+        shares: str = "derived",
     ) -> None:
         connect(num_cpus=os.cpu_count() or 2)
         clients = tuple(f"c{i}" for i in range(n))
         names = tuple(f"compute-{k}" for k in range(nodes))
-        self.cfg = DcaConfig(f"bench-{n}", clients, names, "aggregator", bound=1.0, frac_bits=32)
+        self.cfg = DcaConfig(
+            f"bench-{n}", clients, names, "aggregator", bound=1.0, frac_bits=32, shares=shares
+        )
         self.node_actors = {name: ComputeNodeActor.remote(self.cfg, name) for name in names}  # type: ignore[attr-defined]
         share = math.ceil(n / workers)
         party = max(1, party_values // max_d)

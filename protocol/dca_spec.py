@@ -70,6 +70,7 @@ from dpmarket.protocol.sealing import PRGS, length_prefixed
 __all__ = [
     "MIN_CLIENT_GRID_SIGMA",
     "REPLACE_ONE",
+    "SHARE_MODES",
     "STATUSES",
     "AbortBody",
     "DcaConfig",
@@ -94,6 +95,7 @@ BoolArray = npt.NDArray[np.bool_]
 
 REPLACE_ONE = "replace one client's vector"
 STATUSES = ("released", "insufficient", "inconsistent", "failed")
+SHARE_MODES = ("derived", "sealed-seeds")
 MIN_CLIENT_GRID_SIGMA = 4.0  # per-client noise, in grid units, when noise is on
 _DOMAIN = "dpmarket/dca/v1"
 
@@ -228,6 +230,7 @@ class DcaConfig:
     prg: str = "aes-ctr"
     agreement_timeout: float = 5.0
     result_timeout: float = 10.0
+    shares: str = "derived"
 
     def __post_init__(self) -> None:
         if not isinstance(self.run, str) or not self.run:
@@ -242,6 +245,8 @@ class DcaConfig:
             raise ValueError(f"tolerance must be an integer in 0..N-2, got {t!r}")
         if self.prg not in PRGS:
             raise ValueError(f"prg must be one of {PRGS}, got {self.prg!r}")
+        if self.shares not in SHARE_MODES:
+            raise ValueError(f"shares must be one of {SHARE_MODES}, got {self.shares!r}")
         for name in ("agreement_timeout", "result_timeout"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -324,6 +329,7 @@ class DcaConfig:
             self.frac_bits,
             self.tolerance,
             self.prg,
+            self.shares,
             self.aggregator,
             self.roster_digest,
         )

@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.protocol.accounting import PrivacyLedger
+from dpmarket.protocol.dca_masks import ClientMasks, MaskCipher, mask_cipher
 from dpmarket.protocol.dca_spec import (
     REPLACE_ONE,
     STATUSES,
@@ -54,7 +55,10 @@ from dpmarket.protocol.fixedpoint import grid_sensitivity, ring_sum
 from dpmarket.protocol.messages import Message
 from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
 from dpmarket.protocol.sealing import (
+    NONCE_BYTES,
     PUBLIC_KEY_BYTES,
+    SEED_BYTES,
+    TAG_BYTES,
     PairKey,
     RoundKeyring,
     expand_rows,
@@ -119,6 +123,7 @@ class Client:
         self._withhold = np.array([behaviour.get(m) == "withhold" for m in members])
         self._reveal = [i for i, m in enumerate(members) if behaviour.get(m) == "reveal"]
         self._keyrings: dict[str, RoundKeyring] = {}
+        self._masks: ClientMasks | None = None
         self._out = Outbox(config.run, name)
         self._table: dict[tuple[str, str], Handler] = {}
         self.state = "new"
@@ -138,13 +143,19 @@ class Client:
             raise LocalProtocolError(f"start: client party {self.name} is already {self.state}")
         pairs = [generate_keypair() for _ in self.members]
         keyrings: dict[str, RoundKeyring] = {}
+        ciphers: list[list[MaskCipher]] = []
         for node, node_key in self._node_keys.items():
             prks = [
                 PairKey(pair_secret(key, node_key, pair_salt(self.run, m, node, public, node_key)))
                 for m, (key, public) in zip(self.members, pairs, strict=True)
             ]
-            keyrings[node] = RoundKeyring(len(self.members), round_key_info)
-            keyrings[node].add(range(len(self.members)), prks)
+            if self.config.shares == "derived":
+                ciphers.append([mask_cipher(p, self.config.prg) for p in prks])
+            else:
+                keyrings[node] = RoundKeyring(len(self.members), round_key_info)
+                keyrings[node].add(range(len(self.members)), prks)
+        if self.config.shares == "derived":
+            self._masks = ClientMasks(self._index, ciphers)
         publics = np.frombuffer(b"".join(p for _, p in pairs), dtype=np.uint8)
         body = RegisterBody(
             self._index.astype(np.uint32), publics.reshape(-1, PUBLIC_KEY_BYTES).copy()
@@ -179,7 +190,8 @@ class Client:
         out: list[Message] = []
         for start in range(0, len(grid), rows):
             stop = min(start + rows, len(grid))
-            out += self._seal_batch(spec, digest, blinded[start:stop], np.arange(start, stop))
+            seal = self._seal_derived if self.config.shares == "derived" else self._seal_batch
+            out += seal(spec, digest, blinded[start:stop], np.arange(start, stop))
         self.last_round = spec.round
         return out
 
@@ -194,6 +206,31 @@ class Client:
             if not (-bound <= low and high <= bound):  # also refuses NaN
                 raise ValueError(f"values: range [{low:.6g}, {high:.6g}] exceeds bound {bound:g}")
         return self.config.codec.to_grid(x)
+
+    def _seal_derived(
+        self, spec: RoundSpec, digest: bytes, blinded: U64, positions: I64
+    ) -> list[Message]:
+        """Derived shares: subtract the derived masks, seal to each member's value node."""
+        if self._masks is None:  # pragma: no cover - start() sets it in this mode
+            raise LocalProtocolError("contribute: no derived masks")
+        rows = slice(int(positions[0]), int(positions[-1]) + 1)
+        masks, keys = self._masks.round(spec.round, spec.d, rows)
+        shares = (blinded - masks).astype("<u8").view(np.uint8).reshape(len(positions), -1)
+        idx = self._index[positions]
+        value_node = self.config.value_node(idx, spec.round)
+        empty_idx = np.zeros(0, np.uint32)
+        empty_frames = np.zeros((0, NONCE_BYTES + SEED_BYTES + TAG_BYTES), np.uint8)
+        out = []
+        for j, node in enumerate(self.config.nodes):
+            here = np.flatnonzero(value_node == j)
+            if not here.size:
+                continue
+            frames = seal_rows(
+                [keys[i] for i in here], shares[here], frame_aad(digest, node, "value")
+            )
+            body = SharesBody(idx[here].astype(np.uint32), frames, empty_idx, empty_frames)
+            out.append(self._out.make(node, spec.round, body))
+        return out
 
     def _seal_batch(
         self, spec: RoundSpec, digest: bytes, blinded: U64, positions: I64

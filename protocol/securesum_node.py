@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from dpmarket.protocol.dca_masks import NodeMasks, mask_cipher
 from dpmarket.protocol.dca_spec import (
     AbortBody,
     DcaConfig,
@@ -72,6 +73,7 @@ class _Round:
     digest: bytes
     deadline: float
     received: BoolArray
+    expected: BoolArray  # clients whose frame this node waits for
     values: list[tuple[I64, U64]] = field(default_factory=list)
     seeds: list[tuple[I64, npt.NDArray[np.uint8]]] = field(default_factory=list)
     peers: dict[str, BoolArray] = field(default_factory=dict)
@@ -86,7 +88,9 @@ class ComputeNode:
             raise ValueError(f"name: {name!r} is not one of the compute nodes {config.nodes}")
         self.config, self.name, self.run = config, name, config.run
         self._private, self.public_key = generate_keypair()
+        self._derived = config.shares == "derived"
         self._keys = RoundKeyring(config.n_clients, round_key_info)
+        self._masks = NodeMasks(config.n_clients, config.n_nodes, config.nodes.index(name))
         self._registered = np.zeros(config.n_clients, dtype=np.bool_)
         self._out = Outbox(config.run, name)
         self.state = "idle"
@@ -154,7 +158,11 @@ class ComputeNode:
                 derived[int(i)] = PairKey(pair_secret(self._private, raw, salt))
             except ValueError as exc:
                 raise RemoteProtocolError(f"dca.register: client {client}: {exc}") from None
-        self._keys.add(list(derived), list(derived.values()))
+        if self._derived:
+            prg = self.config.prg
+            self._masks.add(list(derived), [mask_cipher(p, prg) for p in derived.values()])
+        else:
+            self._keys.add(list(derived), list(derived.values()))
         self._registered[list(derived)] = True
         return []
 
@@ -171,12 +179,17 @@ class ComputeNode:
         except ValueError as exc:
             raise RemoteProtocolError(f"dca.open: {exc}") from None
         received = np.zeros(self.config.n_clients, dtype=np.bool_)
-        rnd = _Round(spec, self.config.digest(spec), body.deadline, received)
+        if self._derived:
+            expected = self._masks.value_here(spec.round)
+            self._masks.prepare(spec.round, spec.d)
+        else:
+            expected = np.ones(self.config.n_clients, dtype=np.bool_)
+        rnd = _Round(spec, self.config.digest(spec), body.deadline, received, expected)
         if msg.round == self._early_round:
             rnd.peers = self._early
         self._early, self._early_round = {}, 0
         self.round, self.state = rnd, "collecting"
-        return []
+        return [] if expected.any() else self._close()
 
     def _on_shares(self, msg: Message) -> list[Message]:
         body = body_of(msg, SharesBody)
@@ -187,6 +200,8 @@ class ComputeNode:
         d = rnd.spec.d
         v_idx = self._indices(body.value_clients, "dca.shares.value_clients")
         s_idx = self._indices(body.seed_clients, "dca.shares.seed_clients")
+        if self._derived and len(s_idx):
+            raise RemoteProtocolError("dca.shares: seed frames, but this session derives shares")
         self._check_frames(body.value_frames, len(v_idx), 8 * d, "value_frames")
         self._check_frames(body.seed_frames, len(s_idx), SEED_BYTES, "seed_frames")
         if len(np.unique(np.concatenate([v_idx, s_idx]))) != len(v_idx) + len(s_idx):
@@ -203,7 +218,7 @@ class ComputeNode:
         rnd.received[v_idx[v_ok]] = True
         rnd.received[s_idx[s_ok]] = True
         self.rejected += [(msg.round, self.config.clients[i], why) for i, why in v_why + s_why]
-        return self._close() if rnd.received.all() else []
+        return self._close() if rnd.received[rnd.expected].all() else []
 
     def _open(
         self, rnd: _Round, kind: str, idx: I64, frames: npt.NDArray[np.uint8]
@@ -220,7 +235,10 @@ class ComputeNode:
             (int(i), f"{kind} frame sent to the wrong node")
             for i in idx[known & fresh & ~right_kind]
         ]
-        keys = self._keys.keys(rnd.spec.round, idx[usable])
+        if self._derived:
+            keys = self._masks.frame_keys(rnd.spec.round, rnd.spec.d, idx[usable])
+        else:
+            keys = self._keys.keys(rnd.spec.round, idx[usable])
         aad = frame_aad(rnd.digest, self.name, kind)
         plain_usable, ok_usable = open_rows(keys, frames[usable], aad)
         ok = np.zeros(len(idx), dtype=np.bool_)
@@ -234,7 +252,10 @@ class ComputeNode:
         rnd = self.round
         if rnd is None:  # pragma: no cover - callers hold an open round
             return []
-        self.state, rnd.own = "agreeing", rnd.received.copy()
+        rnd.own = rnd.received.copy()
+        if self._derived:  # a node vouches for the masks of every client it has a key for
+            rnd.own |= self._registered & ~rnd.expected
+        self.state = "agreeing"
         seen = SeenBody(pack_set(rnd.own))
         out = [self._out.make(peer, rnd.spec.round, seen) for peer in self._peers]
         return out + self._try_finish()
@@ -284,6 +305,8 @@ class ComputeNode:
             total += ring_sum(rows[included[idx]])
         for idx, seeds in rnd.seeds:
             total += expand_sum(seeds[included[idx]], d, self.config.prg)
+        if self._derived:
+            total += self._masks.partial(rnd.spec.round, d, included)
         return total
 
     def _finish(self, rnd: _Round, body: PartialBody | AbortBody) -> list[Message]:

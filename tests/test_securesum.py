@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dpmarket.protocol.dca_spec import (
+    SHARE_MODES,
     OpenBody,
     PartialBody,
     RegisterBody,
@@ -27,10 +28,17 @@ from dpmarket.protocol.securesum_driver import DcaSession, secure_sum
 CHI2_255_LIMIT = 350.0  # chi-square(255) exceeds this with probability about 1e-4
 
 
-def config(n: int = 6, m: int = 3, t: int = 1, bound: float = 10.0, f: int = 24) -> DcaConfig:
+def config(
+    n: int = 6,
+    m: int = 3,
+    t: int = 1,
+    bound: float = 10.0,
+    f: int = 24,
+    shares: str = "derived",
+) -> DcaConfig:
     clients = tuple(f"c{i}" for i in range(n))
     nodes = tuple(f"n{k}" for k in range(m))
-    return DcaConfig("run-1", clients, nodes, tolerance=t, bound=bound, frac_bits=f)
+    return DcaConfig("run-1", clients, nodes, tolerance=t, bound=bound, frac_bits=f, shares=shares)
 
 
 def wire(msg: Message) -> Message:
@@ -53,12 +61,22 @@ def node_state(node: ComputeNode) -> tuple[object, ...]:
 
 
 # ----------------------------------------------------------------------------- exact sums
+@pytest.mark.parametrize("shares", SHARE_MODES)
 @pytest.mark.parametrize(
     ("n", "m", "d", "t", "batch"),
-    [(2, 2, 1, 0, 1), (5, 3, 4, 1, 2), (17, 4, 9, 3, 5), (40, 2, 3, 0, 40), (9, 7, 130, 2, 4)],
+    [
+        (2, 2, 1, 0, 1),
+        (5, 3, 4, 1, 2),
+        (17, 4, 9, 3, 5),
+        (40, 2, 3, 0, 40),
+        (9, 7, 130, 2, 4),
+        (2, 5, 3, 0, 1),
+    ],
 )
-def test_sums_are_exact_with_noise_off(n: int, m: int, d: int, t: int, batch: int) -> None:
-    cfg = config(n, m, t, bound=1000.0, f=20)
+def test_sums_are_exact_with_noise_off(
+    n: int, m: int, d: int, t: int, batch: int, shares: str
+) -> None:
+    cfg = config(n, m, t, bound=1000.0, f=20, shares=shares)
     session = DcaSession(cfg, batch=batch)
     rng = np.random.default_rng(n * 100 + d)
     for round_ in (1, 2):
@@ -73,9 +91,10 @@ def test_sums_are_exact_with_noise_off(n: int, m: int, d: int, t: int, batch: in
         assert out.kinds["dca.partial"] == m and out.kinds["dca.seen"] == m * (m - 1)
 
 
+@pytest.mark.parametrize("shares", SHARE_MODES)
 @pytest.mark.parametrize("sign", [1, -1])
-def test_sums_at_the_ring_boundary(sign: int) -> None:
-    cfg = config(4, 3, 0, bound=2.0**60, f=0)  # 4 (2^60 + 1/2) < 2^63
+def test_sums_at_the_ring_boundary(sign: int, shares: str) -> None:
+    cfg = config(4, 3, 0, bound=2.0**60, f=0, shares=shares)  # 4 (2^60 + 1/2) < 2^63
     x = sign * np.array([[2.0**60, -(2.0**60)], [2.0**60, 1.0], [2.0**60, 3.0], [2.0**60, 0.0]])
     out = DcaSession(cfg).run_round(RoundSpec(1, 2, 0.0), x, np.random.default_rng(0))
     assert out.result.ring_total is not None
@@ -96,11 +115,12 @@ def test_same_seed_same_release_despite_fresh_shares() -> None:
 
 
 # ----------------------------------------------------------------------------- shares
-def test_shares_seen_by_any_node_are_uniform() -> None:
+@pytest.mark.parametrize("shares", SHARE_MODES)
+def test_shares_seen_by_any_node_are_uniform(shares: str) -> None:
     """All inputs zero and noise off: every value share and seed a node holds is uniform bytes.
 
     Client c0 stays silent, so the nodes keep collecting and their stored shares can be read."""
-    cfg = config(600, 2, 5, bound=1.0, f=24)
+    cfg = config(600, 2, 5, bound=1.0, f=24, shares=shares)
     session = DcaSession(cfg, batch=100)
     spec = RoundSpec(1, 16, 0.0)
     pump(session, session.aggregator.open_round(spec, deadline=10.0))
@@ -111,8 +131,9 @@ def test_shares_seen_by_any_node_are_uniform() -> None:
         assert node.state == "collecting" and node.round is not None
         shares += b"".join(rows.tobytes() for _, rows in node.round.values)
         seeds += b"".join(s.tobytes() for _, s in node.round.seeds)
-    assert len(shares) == 500 * 16 * 8 and len(seeds) == 500 * 32
-    for data in (shares, seeds):
+    assert len(shares) == 500 * 16 * 8
+    assert len(seeds) == (500 * 32 if cfg.shares == "sealed-seeds" else 0)
+    for data in (shares, seeds) if seeds else (shares,):
         counts = np.bincount(np.frombuffer(data, dtype=np.uint8), minlength=256)
         expected = len(data) / 256
         assert float(((counts - expected) ** 2 / expected).sum()) < CHI2_255_LIMIT
@@ -121,9 +142,11 @@ def test_shares_seen_by_any_node_are_uniform() -> None:
 
 
 # ----------------------------------------------------------------------------- sealed frames
-def single_client_round(n: int = 4) -> tuple[DcaSession, RoundSpec, list[Message]]:
+def single_client_round(
+    n: int = 4, shares: str = "derived"
+) -> tuple[DcaSession, RoundSpec, list[Message]]:
     """A session of one-client parties with round 1 open; c0's (undelivered) share messages."""
-    session = DcaSession(config(n, 3, 1), batch=1)
+    session = DcaSession(config(n, 3, 1, shares=shares), batch=1)
     spec = RoundSpec(1, 5, 0.0)
     pump(session, session.aggregator.open_round(spec, deadline=10.0))
     x = np.ones((1, 5))
@@ -135,8 +158,9 @@ def with_body(msg: Message, **changes: object) -> Message:
     return dataclasses.replace(msg, body=dataclasses.replace(body, **changes))
 
 
-def test_tampered_frames_are_refused_and_leave_the_node_untouched() -> None:
-    session, _, msgs = single_client_round()
+@pytest.mark.parametrize("shares", SHARE_MODES)
+def test_tampered_frames_are_refused_and_leave_the_node_untouched(shares: str) -> None:
+    session, _, msgs = single_client_round(shares=shares)
     for msg in msgs:
         body = msg.body
         assert isinstance(body, SharesBody)
@@ -156,10 +180,11 @@ def test_tampered_frames_are_refused_and_leave_the_node_untouched() -> None:
         assert node.round is not None and node.round.received[0]
 
 
-def test_relabelled_or_misdirected_frames_are_refused() -> None:
+@pytest.mark.parametrize("shares", SHARE_MODES)
+def test_relabelled_or_misdirected_frames_are_refused(shares: str) -> None:
     """c0 and c3 share a value node (index + round mod 3), so only the keys and the associated
     data can tell c0's frames from c3's; n0 and n2 both hold seeds of c0 in round 1."""
-    session, _, msgs = single_client_round()
+    session, _, msgs = single_client_round(shares=shares)
     for msg in msgs:
         body = msg.body
         assert isinstance(body, SharesBody)
@@ -169,6 +194,12 @@ def test_relabelled_or_misdirected_frames_are_refused() -> None:
         }
         with pytest.raises(RemoteProtocolError, match="authentication failed"):
             session.nodes[msg.recipient].receive(wire(with_body(msg, **relabel)))
+    if shares == "derived":  # c0 sends only its value share, to n1
+        (to_n1,) = msgs
+        for other in ("n0", "n2"):
+            with pytest.raises(RemoteProtocolError, match="wrong node"):
+                session.nodes[other].receive(wire(dataclasses.replace(to_n1, recipient=other)))
+        return
     to_n0 = next(m for m in msgs if m.recipient == "n0")
     with pytest.raises(RemoteProtocolError, match="authentication failed"):
         session.nodes["n2"].receive(wire(dataclasses.replace(to_n0, recipient="n2")))
@@ -176,8 +207,9 @@ def test_relabelled_or_misdirected_frames_are_refused() -> None:
         session.nodes["n1"].receive(wire(dataclasses.replace(to_n0, recipient="n1")))
 
 
-def test_replayed_frames_are_refused() -> None:
-    session, spec, msgs = single_client_round()
+@pytest.mark.parametrize("shares", SHARE_MODES)
+def test_replayed_frames_are_refused(shares: str) -> None:
+    session, spec, msgs = single_client_round(shares=shares)
     msg = msgs[0]
     node = session.nodes[msg.recipient]
     guard = ReplayGuard()
@@ -190,16 +222,17 @@ def test_replayed_frames_are_refused() -> None:
     with pytest.raises(RemoteProtocolError, match="already received"):
         node.receive(wire(resent))
     assert node_state(node) == before
-    # round 2: round-1 rows in a round-2 envelope fail (the key and the AAD name the round)
+    # round 4 (M + 1: every client has the same value node as in round 1): round-1 rows in a
+    # round-4 envelope fail (the key and the AAD name the round)
     for m in msgs[1:]:
         session.nodes[m.recipient].receive(wire(m))
     session.deliver(session.clients[1].contribute(spec, np.ones((1, 5)), np.random.default_rng(1)))
     for party in session.parties.values():
         session.deliver(party.expire(10.0))
     assert session.aggregator.result(1) is not None
-    spec2 = RoundSpec(2, 5, 0.0)
+    spec2 = RoundSpec(4, 5, 0.0)
     pump(session, session.aggregator.open_round(spec2, deadline=20.0))
-    old = dataclasses.replace(msg, round=2, seq=msg.seq + 200)
+    old = dataclasses.replace(msg, round=4, seq=msg.seq + 200)
     with pytest.raises(RemoteProtocolError, match="authentication failed"):
         node.receive(wire(old))
     fresh = session.clients[0].contribute(spec2, np.ones((1, 5)), np.random.default_rng(2))
@@ -209,7 +242,7 @@ def test_replayed_frames_are_refused() -> None:
 def test_rounds_across_key_blocks_stay_exact_and_refuse_old_frames() -> None:
     """Rounds 1, 2, B + 1 and 2 B + 1 use keys from three HKDF blocks, derived on first use;
     a round-1 frame resent in round B + 1 (same piece of the next block) fails authentication."""
-    cfg = config(5, 3, 1, bound=10.0, f=20)
+    cfg = config(5, 3, 1, bound=10.0, f=20, shares="sealed-seeds")
     session = DcaSession(cfg, batch=2)
     rng = np.random.default_rng(3)
     for round_ in (1, 2, ROUND_KEY_BLOCK + 1, 2 * ROUND_KEY_BLOCK + 1):
@@ -217,7 +250,7 @@ def test_rounds_across_key_blocks_stay_exact_and_refuse_old_frames() -> None:
         out = session.run_round(RoundSpec(round_, 4, 0.0), x, rng)
         assert out.result.ring_total is not None
         assert np.array_equal(out.result.ring_total, ring_sum(cfg.codec.encode(x)))
-    session, _, msgs = single_client_round()
+    session, _, msgs = single_client_round(shares="sealed-seeds")
     for m in msgs[1:]:
         session.nodes[m.recipient].receive(wire(m))
     session.deliver(session.clients[1].contribute(RoundSpec(1, 5, 0.0), np.ones((1, 5)), rng))
@@ -230,35 +263,40 @@ def test_rounds_across_key_blocks_stay_exact_and_refuse_old_frames() -> None:
         session.nodes[old.recipient].receive(wire(old))
 
 
-def test_batch_with_one_bad_row_keeps_the_good_rows() -> None:
-    session = DcaSession(config(4, 2, 1), batch=4)
+@pytest.mark.parametrize("shares", SHARE_MODES)
+def test_batch_with_one_bad_row_keeps_the_good_rows(shares: str) -> None:
+    session = DcaSession(config(4, 2, 1, shares=shares), batch=4)
     spec = RoundSpec(1, 3, 0.0)
     pump(session, session.aggregator.open_round(spec, deadline=10.0))
     msgs = session.clients[0].contribute(spec, np.zeros((4, 3)), np.random.default_rng(0))
     msg = msgs[0]
     body = msg.body
-    assert isinstance(body, SharesBody) and len(body.seed_clients) == 2
-    bad = body.seed_frames.copy()
+    kind = "seed" if shares == "sealed-seeds" else "value"
+    clients = getattr(body, f"{kind}_clients")
+    assert isinstance(body, SharesBody) and len(clients) == 2
+    bad = getattr(body, f"{kind}_frames").copy()
     bad[1, -1] ^= 0x80
     node = session.nodes[msg.recipient]
-    node.receive(wire(with_body(msg, seed_frames=bad)))
+    node.receive(wire(with_body(msg, **{f"{kind}_frames": bad})))
     assert node.round is not None
-    assert int(node.round.received.sum()) == 3
-    assert node.rejected == [(1, f"c{body.seed_clients[1]}", "authentication failed")]
+    assert int(node.round.received.sum()) == (3 if shares == "sealed-seeds" else 1)
+    assert node.rejected == [(1, f"c{clients[1]}", "authentication failed")]
 
 
 # ----------------------------------------------------------------------------- dropouts
-def test_dropouts_up_to_t_are_left_out_and_above_t_abort() -> None:
-    cfg = config(8, 3, 2, bound=10.0)
+@pytest.mark.parametrize("shares", SHARE_MODES)
+def test_dropouts_up_to_t_are_left_out_and_above_t_abort(shares: str) -> None:
+    """c5's frame to its value node of round 1 (n0) is lost, c7's of round 2 (n0) too."""
+    cfg = config(8, 3, 2, bound=10.0, shares=shares)
     session = DcaSession(cfg, batch=3)
     rng = np.random.default_rng(7)
     x = rng.uniform(-10, 10, (8, 4))
-    out = session.run_round(RoundSpec(1, 4, 0.0), x, rng, absent=["c2"], lost={"c5": ["n1"]})
+    out = session.run_round(RoundSpec(1, 4, 0.0), x, rng, absent=["c2"], lost={"c5": ["n0"]})
     assert out.result.released and out.result.ring_total is not None
     assert out.result.missing == ("c2", "c5")  # c5 did not reach every node
     keep = [i for i in range(8) if i not in (2, 5)]
     assert np.array_equal(out.result.ring_total, ring_sum(cfg.codec.encode(x[keep])))
-    out = session.run_round(RoundSpec(2, 4, 1.0), x, rng, absent=["c0", "c1"], lost={"c7": ["n2"]})
+    out = session.run_round(RoundSpec(2, 4, 1.0), x, rng, absent=["c0", "c1"], lost={"c7": ["n0"]})
     assert out.result.status == "insufficient"
     assert out.result.value is None and out.result.ring_total is None
     assert out.kinds["dca.partial"] == 0 and out.kinds["dca.abort"] == 3
@@ -486,8 +524,9 @@ def test_frames_of_the_wrong_kind_for_a_node_are_refused() -> None:
         node.receive(wire(msgs[0]))
 
 
-def test_chacha20_seed_expansion_end_to_end() -> None:
-    cfg = dataclasses.replace(config(7, 3, 1, bound=4.0), prg="chacha20")
+@pytest.mark.parametrize("shares", SHARE_MODES)
+def test_chacha20_seed_expansion_end_to_end(shares: str) -> None:
+    cfg = dataclasses.replace(config(7, 3, 1, bound=4.0, shares=shares), prg="chacha20")
     x = np.random.default_rng(8).uniform(-4, 4, (7, 11))
     out = DcaSession(cfg, batch=3).run_round(RoundSpec(1, 11, 0.0), x, np.random.default_rng(0))
     assert out.result.ring_total is not None
