@@ -1,8 +1,11 @@
 """DCA secure-sum scaling against Table 1 of Heikkilä et al. (2017): N clients, d, M = 10 nodes.
 
-Every round runs the real parties with sealing on (X25519 session keys, HKDF round keys,
-AES-GCM frames, AES-CTR seed expansion, discrete Gaussian noise) and every frame crosses the
-msgpack codec. Clients are batched many per process (``--workers`` processes, each hosting
+Every round runs the real parties with sealing on (X25519 session keys, per-round AES-GCM frame
+keys, discrete Gaussian noise) and every frame crosses the msgpack codec. ``--shares derived``
+(the default) derives the blinding shares and frame keys from each pair's AES-CTR block stream,
+one stream per pair per block of B(d) rounds (``protocol/dca_masks.py``); ``--shares
+sealed-seeds`` sends each share as a sealed seed and derives round keys with HKDF.
+Clients are batched many per process (``--workers`` processes, each hosting
 client parties of at most 2^21 values at the session's largest d); each compute node runs in
 its own process; the aggregator runs in the main process. Processes exchange batches of encoded
 frames over multiprocessing queues. With ``--ray`` the compute nodes are the market's
@@ -10,8 +13,11 @@ ComputeNodeActor, the clients ``--workers`` Ray actors, and the market's DcaHub 
 aggregates in the driver (``dca_scaling_ray.py``).
 
 Per N, one session is set up (timed apart: X25519 per client-node pair, registration, and the
-HKDF round keys of the first 16 rounds) and then rounds run for each d of the grid (the paper's
-runtime excludes key set-up and encryption; ours includes encryption). A round is timed from
+pair's mask key or the HKDF round keys of the first 16 rounds) and then rounds run for each d of
+the grid (the paper's runtime excludes key set-up and encryption; ours includes encryption).
+With derived shares a cell times whole blocks of B(d) consecutive rounds, so exactly one block
+set-up (every pair's stream on both sides) falls in every B(d) timed rounds and the mean carries
+it. A round is timed from
 the aggregator's open to its release (clients' noise, splitting and sealing, the nodes' opening,
 expansion and agreement, the aggregation), and the release is checked against the exact sum
 (within 10 noise standard deviations). CPU is the user + system time of all processes.

@@ -7,24 +7,33 @@ N clients (a public roster), M >= 2 compute nodes, one aggregator, tolerance T.
 Session (once): every compute node holds an X25519 key pair whose public half reaches clients by
 configuration. A client party (hosting one client or a batch of them) draws one X25519 key pair
 per hosted client, derives one PRK per (client, node) pair and sends ``dca.register`` (indices
-and public keys) to every node; each node derives the same PRKs. Both sides derive the pair's
-AES-256 keys of the first rounds from the PRK with HKDF-Expand, one block of rounds per call
-(:class:`~dpmarket.protocol.sealing.RoundKeyring`, :func:`round_key_info`).
+and public keys) to every node; each node derives the same PRKs. What follows from the PRK
+depends on ``DcaConfig.shares``:
+
+* ``"derived"`` (default): one HKDF-Expand per pair gives the pair's mask key; blinding shares
+  and per-round frame keys are read from its AES-CTR block streams (:mod:`.dca_masks`).
+* ``"sealed-seeds"``: the pair's AES-256 round keys come from HKDF-Expand, one block of rounds
+  per call (:class:`~dpmarket.protocol.sealing.RoundKeyring`, :func:`round_key_info`), and seeds
+  travel sealed.
 
 Round r (many per session):
 
 1. The aggregator sends ``dca.open`` (the :class:`RoundSpec` and a deadline) to every node.
-2. Each client encodes z_i on the fixed-point grid, adds discrete Gaussian noise of standard
-   deviation sigma_std / sqrt(N - T - 1) (Theorem 1), draws M - 1 seeds from ``secrets`` and
-   sends ``dca.shares``: to its *value node* (index (i + r) mod M, which spreads the large frames
-   over all nodes) the sealed share z_i + eta_i - sum_k PRG(seed_k) mod 2^64, to each other node
-   its sealed seed. The shares sum to z_i + eta_i; any M - 1 of them are (computationally)
+2. Each client encodes z_i on the fixed-point grid and adds discrete Gaussian noise of standard
+   deviation sigma_std / sqrt(N - T - 1) (Theorem 1). Its *value node* is v = (i + r) mod M,
+   which spreads the large frames over all nodes. With derived shares, the client sends
+   ``dca.shares`` only to v: the share z_i + eta_i - sum_{k != v} mask_{i,k,r} mod 2^64, sealed
+   under the round's (i, v) frame key. With sealed seeds, it draws M - 1 seeds from ``secrets``
+   and sends v the sealed share z_i + eta_i - sum_k PRG(seed_k) and every other node its sealed
+   seed. Either way the shares sum to z_i + eta_i, and any M - 1 of them are (computationally)
    uniform and independent of z_i.
-3. A node opens and stores frames until every client has arrived or the deadline passes, then
-   sends its received set to the other nodes (``dca.seen``). With all M sets it takes the
-   intersection S (the clients whose shares reached every node). If N - |S| > T it sends
+3. A node opens and stores frames until every client it expects has arrived (all clients with
+   sealed seeds; the clients whose value node it is with derived shares) or the deadline
+   passes. It then sends its set to the other nodes (``dca.seen``): the clients whose frame it
+   accepted and, with derived shares, every other client it holds a pair key for (it can add
+   that client's mask). With all M sets it takes the intersection S. If N - |S| > T it sends
    ``dca.abort`` and releases nothing; otherwise it sends ``dca.partial``: the ring sum over S of
-   its shares (expanding seeds) and S itself.
+   its shares (value shares plus expanded seeds or derived masks) and S itself.
 4. The aggregator adds the M partials modulo 2^64 when all M name the same S with N - |S| <= T,
    decodes, and records one Gaussian event in its :class:`PrivacyLedger`. Anything else ends the
    round with status ``insufficient``, ``inconsistent`` or ``failed`` and no value.

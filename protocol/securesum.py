@@ -8,7 +8,8 @@ compute node is in :mod:`.securesum_node`; this module re-exports all of them, s
 Client (sender only: it accepts no message)::
 
     new   start()                         -> ready, dca.register to every node
-    ready contribute(spec, values, rng)   round > last round: dca.shares to every node
+    ready contribute(spec, values, rng)   round > last round: dca.shares to the value nodes
+                                          (derived shares) or to every node (sealed seeds)
 
 Aggregator::
 
@@ -17,8 +18,9 @@ Aggregator::
     waiting  dca.abort / sets differ / > T missing -> no release -> idle
     waiting  expire(now >= deadline + result_timeout) -> failed, no release -> idle
 
-Privacy of a client's contribution: the value share is blinded by M - 1 PRG streams whose seeds
-only the other nodes see, so any M - 1 nodes hold values (computationally) independent of z_i;
+Privacy of a client's contribution: the value share is blinded by M - 1 PRG streams that only
+the other nodes can compute (derived from their pair keys, or from seeds sealed to them), so any
+M - 1 nodes hold values (computationally) independent of z_i;
 the noise is drawn before any share leaves and never reused across rounds (``contribute``
 refuses an old round).
 """

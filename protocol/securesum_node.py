@@ -4,7 +4,7 @@ Transition table (state, kind) -> handler; anything else is refused with the sta
 
     any        dca.register  derive the pair keys of newly registered clients
     idle       dca.open      round r opens -> collecting (frames before this are refused)
-    collecting dca.shares    open sealed frames, keep the valid rows; all N in -> agreeing
+    collecting dca.shares    open sealed frames, keep the valid rows; all expected in -> agreeing
     any        dca.seen      a peer's received set (for the open round, or the next one early)
     collecting expire(now >= deadline)                  -> agreeing, send own set to peers
     agreeing   all M sets in: intersect; > T missing -> dca.abort, else dca.partial -> idle
@@ -14,8 +14,13 @@ Rows of a ``dca.shares`` batch are judged one by one (unknown or duplicate clien
 authentication) and recorded in ``rejected``; a batch none of whose rows is accepted is refused
 as a whole. Frames for a round already closed are counted in ``late_frames`` and ignored.
 
-Privacy: a node sees, per client, either a uniform share (value node) or a seed; its partial sum
-is uniform unless all M nodes' partials are added. It releases a partial only for an agreed set
+With derived shares a node expects frames only from its value clients of the round, builds the
+round's block of mask totals at the open (:class:`~dpmarket.protocol.dca_masks.NodeMasks`) and
+vouches in its set for every other client it holds a pair key for.
+
+Privacy: a node sees, per client, either a uniform share (value node) or a seed (sealed seeds) or
+nothing but its own derived mask; its partial sum is uniform unless all M nodes' partials are
+added. It releases a partial only for an agreed set
 with at most T clients missing, so no node helps to release a sum over too few clients.
 """
 
