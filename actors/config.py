@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dpmarket.protocol.curator import CuratorParams
+from dpmarket.protocol.dca_spec import SHARE_MODES
 
 __all__ = [
     "ConfigError",
@@ -93,7 +94,14 @@ def load_demo_config(path: str | Path) -> DemoConfig:
 # ------------------------------------------------------------------------ the market run
 _MARKET_SECTIONS = {
     "run": {"name", "seed", "out", "deadline_seconds"},
-    "market": {"owners", "compute_nodes", "tolerance", "summary_size", "owners_per_actor"},
+    "market": {
+        "owners",
+        "compute_nodes",
+        "tolerance",
+        "summary_size",
+        "owners_per_actor",
+        "dca_shares",
+    },
     "data": {
         "source",
         "n_points",
@@ -155,6 +163,7 @@ class MarketConfig:
     owners: int = 5
     compute_nodes: int = 3
     owners_per_actor: int = 1
+    dca_shares: str = "derived"
     tolerance: int = 1
     summary_size: int = 50
     data: dict[str, Any] = field(default_factory=dict)
@@ -197,6 +206,12 @@ def _number(path: str, key: str, value: object, low: float, high: float) -> floa
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
         raise ConfigError(f"{path}: {key}: expected a number in ({low}, {high}), got {value!r}")
     return float(value)
+
+
+def _choice(path: str, key: str, value: object, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(f"{path}: {key}: expected one of {list(allowed)}, got {value!r}")
+    return value
 
 
 def _faults(path: str, table: dict[str, Any], owners: tuple[str, ...]) -> FaultConfig:
@@ -260,6 +275,9 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         compute_nodes=_int(name, "[market].compute_nodes", market.get("compute_nodes", 3), 1),
         owners_per_actor=_int(
             name, "[market].owners_per_actor", market.get("owners_per_actor", 1), 1
+        ),
+        dca_shares=_choice(
+            name, "[market].dca_shares", market.get("dca_shares", "derived"), SHARE_MODES
         ),
         tolerance=T,
         summary_size=_int(name, "[market].summary_size", market.get("summary_size", 50), 1),

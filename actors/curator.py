@@ -170,7 +170,11 @@ class CuratorActor:
             failed = {"status": "failed", "reason": str(exc)}
             return {"normalise": failed, "scan": failed, "errors": [str(exc)]}
         k, bound = int(plan["n_features"]), float(plan["bound"])
-        out: dict[str, Any] = {"nodes": list(config.nodes), "tolerance": config.tolerance}
+        out: dict[str, Any] = {
+            "nodes": list(config.nodes),
+            "tolerance": config.tolerance,
+            "shares": config.shares,
+        }
         spec = config.spec(
             1,
             2 * k + 1,

@@ -195,6 +195,7 @@ def _secure_phases(
         tolerance=config.tolerance,
         bound=value_bound,
         frac_bits=frac,
+        shares=config.dca_shares,
     )
     handles = {n: ComputeNodeActor.remote(dca, n) for n in nodes}  # type: ignore[attr-defined]
     simulated = inputs.scenario is not None

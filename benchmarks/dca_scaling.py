@@ -6,7 +6,7 @@ keys, discrete Gaussian noise) and every frame crosses the msgpack codec. ``--sh
 one stream per pair per block of B(d) rounds (``protocol/dca_masks.py``); ``--shares
 sealed-seeds`` sends each share as a sealed seed and derives round keys with HKDF.
 Clients are batched many per process (``--workers`` processes, each hosting
-client parties of at most 2^21 values at the session's largest d); each compute node runs in
+client parties of at most 2^24 values at the session's largest d); each compute node runs in
 its own process; the aggregator runs in the main process. Processes exchange batches of encoded
 frames over multiprocessing queues. With ``--ray`` the compute nodes are the market's
 ComputeNodeActor, the clients ``--workers`` Ray actors, and the market's DcaHub relays and
@@ -63,7 +63,7 @@ PAPER = {  # Table 1: Spark, M = 10, seconds; rows N, columns d = 10, 1e2, 1e3, 
 }
 DIMS = (10, 100, 1_000, 10_000)
 M = 10
-PARTY_VALUES = 1 << 21  # values per client party (one party's arrays stay about 16 MiB)
+PARTY_VALUES = 1 << 24  # values per client party (its arrays stay about 128 MiB per copy)
 TIME_LIMIT = 600.0  # cells beyond N*d = 1e8 run only when estimated under 10 minutes
 AGGREGATOR = "aggregator"
 
@@ -177,7 +177,7 @@ class LocalCluster:
 
     Node inboxes are multiprocessing queues (a put never blocks, so nodes sending their sets to
     each other cannot deadlock) and carry one batch of frames per sender and step; every child
-    has its own pipe to the main process. Client parties hold at most 2^21 values at the
+    has its own pipe to the main process. Client parties hold at most 2^24 values at the
     session's largest d, so small-d sessions have few, large parties."""
 
     def __init__(self, n: int, workers: int, max_d: int, shares: str = "derived") -> None:

@@ -40,6 +40,7 @@ def test_owners_per_actor_must_be_positive() -> None:
         ("[privacy]\nrefresh_every = -1\n", "[privacy].refresh_every"),
         ("[privacy]\neps_refresh = 0\n", "[privacy].eps_refresh"),
         ("[summary]\ncenter = [0.0]\n", "center"),
+        ("[market]\ndca_shares = 'seeds'\n", "[market].dca_shares"),
     ],
 )
 def test_market_config_refuses_bad_placement_and_standardisation_keys(
@@ -56,8 +57,11 @@ def test_market_config_defaults_and_overrides(tmp_path: Path) -> None:
     path.write_text("[market]\nowners = 4\n")
     config = load_market_config(path)
     assert config.owners_per_actor == 1 and config.secure["standardize"] is True
-    config = load_market_config(path, ["market.owners_per_actor=2", "privacy.standardize=false"])
+    assert config.dca_shares == "derived"
+    overrides = ["market.owners_per_actor=2", "privacy.standardize=false"]
+    config = load_market_config(path, [*overrides, "market.dca_shares=sealed-seeds"])
     assert config.owners_per_actor == 2 and config.secure["standardize"] is False
+    assert config.dca_shares == "sealed-seeds"
 
 
 def test_fault_verdicts_say_what_was_tolerated_and_what_never_triggered() -> None:

@@ -53,7 +53,7 @@ def test_run_writes_summary_report_and_plots(tmp_path: Path) -> None:
     assert len((out / "summary.csv").read_text().splitlines()) == 13
     secure = report["secure_phases"]
     normalise, scan = secure["normalise"], secure["scan"]
-    assert normalise["status"] == scan["status"] == "released"
+    assert normalise["status"] == scan["status"] == "released" and secure["shares"] == "derived"
     assert abs(normalise["count"] - 1500) < 6 * normalise["sigma"]  # DP count of the pool
     assert 0 < scan["coverage"] < 1
     events = report["privacy"]["parties"]["owner-2"]["events"]["events"]
@@ -106,12 +106,15 @@ def test_dead_compute_node_fails_the_secure_sums_but_not_the_run(tmp_path: Path)
 
 
 def test_colluders_withhold_noise_and_the_sums_still_release(tmp_path: Path) -> None:
+    """Also runs the sealed-seed shares (the issue's literal design) through the Ray market."""
     code, out = _run(
-        tmp_path, "collude", "--set", "faults.colluders=['owner-4']", "--set", "market.tolerance=2"
-    )
+        tmp_path, "collude", "--set", "faults.colluders=['owner-4']", "--set", "market.tolerance=2",
+        "--set", "market.dca_shares='sealed-seeds'",
+    )  # fmt: skip
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     assert report["secure_phases"]["scan"]["status"] == "released"
+    assert report["secure_phases"]["shares"] == "sealed-seeds"
     assert "against_colluders" in report["privacy"]["parties"]["owner-1"]
     [verdict] = report["faults"]["verdicts"]
     assert verdict["fault"] == "colluding owner" and verdict["party"] == "owner-4"
