@@ -63,7 +63,8 @@ PAPER = {  # Table 1: Spark, M = 10, seconds; rows N, columns d = 10, 1e2, 1e3, 
 }
 DIMS = (10, 100, 1_000, 10_000)
 M = 10
-PARTY_VALUES = 1 << 24  # values per client party (its arrays stay about 128 MiB per copy)
+PARTY_VALUES = 1 << 24  # values per client party: its share arrays stay about 128 MiB per copy
+PARTY_MEMBERS = 1 << 16  # and members (derived-share blocks cost up to 8 KiB per member)
 TIME_LIMIT = 600.0  # cells beyond N*d = 1e8 run only when estimated under 10 minutes
 AGGREGATOR = "aggregator"
 
@@ -210,7 +211,7 @@ class LocalCluster:
             members = clients[w * share : (w + 1) * share]
             if members:
                 self.controls.append(ctx.SimpleQueue())
-                party = max(1, PARTY_VALUES // max_d)
+                party = max(1, min(PARTY_MEMBERS, PARTY_VALUES // max_d))
                 spawn(client_main, self.cfg, members, keys, party, self.controls[-1], 1000 + w)
         self.wait_for("registered", M)
         self.setup_seconds = time.perf_counter() - start

@@ -101,7 +101,7 @@ class RayCluster:
         )
         self.node_actors = {name: ComputeNodeActor.remote(self.cfg, name) for name in names}  # type: ignore[attr-defined]
         share = math.ceil(n / workers)
-        party = max(1, party_values // max_d)
+        party = max(1, min(1 << 16, party_values // max_d))  # as PARTY_MEMBERS there
         self.batches = {
             f"batch-{w}": ClientBatch.remote(clients[w * share : (w + 1) * share], party, 1000 + w)  # type: ignore[attr-defined]
             for w in range(workers)

@@ -164,6 +164,14 @@ class ClientMasks:
     """A client party's side: per member, the masks to subtract and the frame keys.
 
     ``ciphers[k][i]`` is member i's :func:`mask_cipher` with node k (configuration order).
+    Memory: up to ``MASK_BLOCK_WORDS`` words (8 KiB) per member and cached d, whatever d is.
+
+    Masks and frame keys are fixed per (pair, round): a client must never contribute twice to
+    one round with the same pair keys, or the value node learns the difference of the two
+    values. :class:`~dpmarket.protocol.securesum.Client` refuses any round not after its last
+    one; a restarted client makes new key pairs, and nodes refuse a second registration, so it
+    stays out of the session. Anything that would persist pair keys across a restart must
+    persist the last round before the first frame of a round leaves.
     """
 
     def __init__(self, index: I64, ciphers: Sequence[Sequence[MaskCipher]]) -> None:
@@ -217,8 +225,10 @@ class NodeMasks:
     """A compute node's side: mask totals over all registered clients per block, corrected at
     partial time for clients outside the agreed set, and the value clients' frame keys.
 
-    The totals cost one HMAC and one keystream per registered client and block; a correction
-    re-derives the stream of each client left out (at most T of them) or registered later.
+    The totals cost one keystream per registered client and block (the mask keys were derived
+    at registration); a correction re-derives the stream of each client left out (at most T of
+    them) or registered later. Memory per cached d: B(d) x d totals and B(d) x ceil(N / M)
+    frame keys.
     """
 
     def __init__(self, n_clients: int, n_nodes: int, position: int) -> None:

@@ -77,6 +77,7 @@ from dpmarket.protocol.messages import Body, register
 from dpmarket.protocol.sealing import PRGS, length_prefixed
 
 __all__ = [
+    "MAX_ROUND_D",
     "MIN_CLIENT_GRID_SIGMA",
     "REPLACE_ONE",
     "SHARE_MODES",
@@ -105,6 +106,7 @@ BoolArray = npt.NDArray[np.bool_]
 REPLACE_ONE = "replace one client's vector"
 STATUSES = ("released", "insufficient", "inconsistent", "failed")
 SHARE_MODES = ("derived", "sealed-seeds")
+MAX_ROUND_D = 1 << 24  # values per client and round (a share vector of 128 MiB)
 MIN_CLIENT_GRID_SIGMA = 4.0  # per-client noise, in grid units, when noise is on
 _DOMAIN = "dpmarket/dca/v1"
 
@@ -369,6 +371,8 @@ class RoundSpec:
         for name, value, low in (("round", self.round, 1), ("d", self.d, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.d > MAX_ROUND_D:
+            raise ValueError(f"d must be at most {MAX_ROUND_D} values per client, got {self.d}")
         if not (isinstance(self.sigma_std, int | float) and math.isfinite(self.sigma_std)):
             raise ValueError(f"sigma_std must be a finite number, got {self.sigma_std!r}")
         if self.sigma_std < 0:

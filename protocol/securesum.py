@@ -139,8 +139,9 @@ class Client:
         return []
 
     def start(self) -> list[Message]:
-        """Session set-up: one X25519 key pair per member, one PRK per (member, node), and the
-        round keys of the first block of rounds."""
+        """Session set-up: one X25519 key pair per member, one PRK per (member, node), and from
+        it the pair's mask key (derived shares) or the round keys of the first block of rounds
+        (sealed seeds)."""
         if self.state != "new":
             raise LocalProtocolError(f"start: client party {self.name} is already {self.state}")
         pairs = [generate_keypair() for _ in self.members]

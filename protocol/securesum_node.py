@@ -94,7 +94,7 @@ class ComputeNode:
         self.config, self.name, self.run = config, name, config.run
         self._private, self.public_key = generate_keypair()
         self._derived = config.shares == "derived"
-        self._keys = RoundKeyring(config.n_clients, round_key_info)
+        self._keys = RoundKeyring(0 if self._derived else config.n_clients, round_key_info)
         self._masks = NodeMasks(config.n_clients, config.n_nodes, config.nodes.index(name))
         self._registered = np.zeros(config.n_clients, dtype=np.bool_)
         self._out = Outbox(config.run, name)

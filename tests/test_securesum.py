@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dpmarket.protocol.dca_spec import (
+    MAX_ROUND_D,
     SHARE_MODES,
     OpenBody,
     PartialBody,
@@ -403,6 +404,12 @@ def test_node_refusals_leave_it_untouched() -> None:
             ),
             "frac_bits",
         ),
+        (
+            Message(
+                "run-1", 1, "aggregator", "n0", 3, dataclasses.replace(open_body, d=MAX_ROUND_D + 1)
+            ),
+            "at most",
+        ),
         (dataclasses.replace(seen, sender="c0"), "not a peer"),
         (dataclasses.replace(seen, round=5), "unexpected"),
         (with_body(seen, received=np.zeros(2, dtype=np.uint8)), "packed set"),
@@ -493,6 +500,8 @@ def test_config_refuses_unsafe_sessions() -> None:
         cfg.check_round(RoundSpec(1, 3, 1e-3))  # 1e-3 / sqrt(3) * 2^10 < 4 grid units
     with pytest.raises(ValueError, match="could wrap"):
         cfg.check_round(RoundSpec(1, 3, 2.0**55))
+    with pytest.raises(ValueError, match="d must be at most"):
+        RoundSpec(1, MAX_ROUND_D + 1, 1.0)
     pair = DcaConfig("r", clients[:2], ("n0", "n1"), frac_bits=0)
     with pytest.raises(ValueError, match="reduce frac_bits"):
         pair.check_round(RoundSpec(1, 3, 2.0**50))  # fits the ring, too coarse for the sampler
