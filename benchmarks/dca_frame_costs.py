@@ -67,8 +67,9 @@ def main() -> None:
     pairs = [mask_cipher(PairKey(k), "aes-ctr") for k in keys]
 
     def streams() -> None:
-        for _ in block_streams(pairs, 0, d):
-            pass
+        rows = sum(len(words) for _, words in block_streams(pairs, 0, d))
+        if rows != n:
+            raise RuntimeError(f"block_streams gave {rows} rows for {n} pairs")
 
     stream = best_of(3, streams) / n
     rng = np.random.default_rng(1)
