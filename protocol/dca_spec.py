@@ -347,7 +347,10 @@ class DcaConfig:
         return hashlib.sha256(parts).digest()
 
     def value_node(self, client_index: npt.NDArray[np.int64], round_: int) -> npt.NDArray[np.int64]:
-        """Index of the node that receives each client's value share in ``round_``."""
+        """Index of the node that receives each client's value share in ``round_``.
+
+        :mod:`.dca_masks` uses the same rule (it keeps a node's frame keys of its value clients
+        at i // M), so the two change together; the exact-sum tests would catch a mismatch."""
         return (client_index + round_) % self.n_nodes
 
 
