@@ -34,19 +34,19 @@ from dpmarket.protocol.auction import AuctionBid, TransferCounter, choose_winner
 from dpmarket.protocol.curator_params import CuratorParams
 from dpmarket.protocol.errors import LocalProtocolError, RemoteProtocolError
 from dpmarket.protocol.hashing import MwemHash, RandomFourierFeatures
-from dpmarket.protocol.messages import (
+from dpmarket.protocol.messages import Message
+from dpmarket.protocol.objective import hashed_bids
+from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
+from dpmarket.protocol.releases import make_summary_channel, release_validation
+from dpmarket.protocol.summary_messages import (
     AskBody,
     BidBody,
     DeliverBody,
     EpochBody,
     FinishBody,
-    Message,
     SetupBody,
     ValidationBody,
 )
-from dpmarket.protocol.objective import hashed_bids
-from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
-from dpmarket.protocol.releases import make_summary_channel, release_validation
 
 __all__ = ["Curator", "CuratorParams", "Provenance", "SummaryResult"]
 

@@ -73,8 +73,8 @@ from dpmarket.protocol.fixedpoint import (
     grid_sensitivity,
     noise_tail_bound,
 )
-from dpmarket.protocol.messages import Body, register
-from dpmarket.protocol.sealing import PRGS, length_prefixed
+from dpmarket.protocol.messages import MAX_ARRAY_BYTES, Body, register
+from dpmarket.protocol.sealing import NONCE_BYTES, PRGS, TAG_BYTES, length_prefixed
 
 __all__ = [
     "MAX_ROUND_D",
@@ -106,7 +106,8 @@ BoolArray = npt.NDArray[np.bool_]
 REPLACE_ONE = "replace one client's vector"
 STATUSES = ("released", "insufficient", "inconsistent", "failed")
 SHARE_MODES = ("derived", "sealed-seeds")
-MAX_ROUND_D = 1 << 24  # values per client and round (a share vector of 128 MiB)
+# values per client and round: one sealed share vector must fit one array of the codec
+MAX_ROUND_D = (MAX_ARRAY_BYTES - NONCE_BYTES - TAG_BYTES) // 8
 MIN_CLIENT_GRID_SIGMA = 4.0  # per-client noise, in grid units, when noise is on
 _DOMAIN = "dpmarket/dca/v1"
 

@@ -25,7 +25,10 @@ import numpy.typing as npt
 from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.auction import TransferCounter
 from dpmarket.protocol.curator import Curator, CuratorParams, Provenance, _Epoch
-from dpmarket.protocol.messages import BidBody, DeliverBody
+from dpmarket.protocol.summary_messages import (
+    BidBody,
+    DeliverBody,
+)
 
 __all__ = ["JOURNAL_VERSION", "restore_curator", "snapshot_curator"]
 

@@ -29,6 +29,10 @@ Evolution rules (as dp_accounting's event schema)
 3. Never change what a field means or its type: add a new field or a new kind instead.
 4. ``PROTOCOL_VERSION`` changes only when the envelope itself changes; a decoder refuses other
    versions. Unknown kinds and unknown body keys are refused (strict schema).
+
+Bodies are registered by the modules of the parties that exchange them: :mod:`.summary_messages`
+(summarisation), :mod:`.dca_spec` (secure sum), ``streams/race_wire`` (RACE sketches). The value
+limits and checks are in :mod:`.wire_checks`.
 """
 
 from __future__ import annotations
@@ -46,11 +50,33 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.protocol.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from dpmarket.protocol.wire_checks import (
+    ALLOWED_DTYPES,
+    MAX_ARRAY_BYTES,
+    MAX_ARRAY_DIMS,
+    MAX_INT,
+    MAX_LIST_LEN,
+    MAX_STR_LEN,
+    MAX_TEXT_BYTES,
+    MIN_INT,
+    ErrorType,
+    capacity,
+    check_array,
+    check_counter,
+    check_str,
+    check_value,
+    show,
+    supported,
+)
 
 __all__ = [
     "ALLOWED_DTYPES",
     "MAX_ARRAY_BYTES",
     "MAX_FRAME_BYTES",
+    "MAX_INT",
+    "MAX_LIST_LEN",
+    "MAX_STR_LEN",
+    "MIN_INT",
     "PROTOCOL_VERSION",
     "Body",
     "Message",
@@ -63,19 +89,7 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024 * 1024  # a whole frame
-MAX_ARRAY_BYTES = 48 * 1024 * 1024  # one array's payload
-MAX_ARRAY_DIMS = 4
-MAX_STR_LEN = 256  # names, run ids, kinds
-MAX_TEXT_BYTES = 64 * MAX_STR_LEN  # other string fields, in UTF-8 bytes
-MAX_LIST_LEN = 1_000_000
 MAX_MAP_LEN = 64
-MAX_INT = 2**64 - 1
-MIN_INT = -(2**63)
-MAX_COUNTER = 2**53  # round and seq stay exact in every language's doubles
-
-ALLOWED_DTYPES = frozenset(
-    {"|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f4", "<f8"}
-)
 
 Array = npt.NDArray[Any]
 _ENVELOPE_KEYS = frozenset({"v", "kind", "run", "round", "from", "to", "seq", "body"})
@@ -105,7 +119,7 @@ def register(kind: str) -> Callable[[B], B]:
             raise ValueError(f"{cls.__name__} must be a dataclass")
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if not _supported(hints[f.name]):
+            if not supported(hints[f.name]):
                 raise ValueError(f"{cls.__name__}.{f.name}: unsupported field type {f.type!r}")
         cls.KIND = kind
         _REGISTRY[kind] = cls
@@ -133,9 +147,9 @@ class Message:
 
     def __post_init__(self) -> None:
         for name in ("run", "sender", "recipient"):
-            _check_str(name, getattr(self, name), LocalProtocolError)
+            check_str(name, getattr(self, name), LocalProtocolError)
         for name in ("round", "seq"):
-            _check_counter(name, getattr(self, name), LocalProtocolError)
+            check_counter(name, getattr(self, name), LocalProtocolError)
         if type(self.body) not in _HINTS:
             raise LocalProtocolError(f"body: {type(self.body).__name__} is not a registered kind")
 
@@ -144,130 +158,13 @@ class Message:
         return self.body.KIND
 
 
-# ---------------------------------------------------------------------------------- checks
-ErrorType = type[ProtocolError]
-_SCALARS = (bool, int, float, str, bytes, type(None))
-
-
-def _show(value: object) -> str:
-    """A short, never-failing description of a peer's value for an error message."""
-    if isinstance(value, _SCALARS):
-        text = repr(value)
-        return text if len(text) <= 40 else text[:37] + "..."
-    return f"<{type(value).__name__}>"
-
-
-def _supported(hint: Any) -> bool:
-    """Whether the codec can carry a field of type ``hint`` (checked once, in ``register``)."""
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        return len(inner) == 1 and _supported(inner[0])
-    if origin is tuple:
-        args = typing.get_args(hint)
-        return len(args) == 2 and args[1] is Ellipsis and _supported(args[0])
-    return hint in (bool, int, float, str, bytes, np.ndarray) or origin is np.ndarray
-
-
-def _utf8_len(name: str, value: str, err: ErrorType) -> int:
-    try:
-        return len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise err(f"{name}: not encodable as UTF-8") from None
-
-
-def _check_str(name: str, value: object, err: ErrorType) -> str:
-    if not isinstance(value, str):
-        raise err(f"{name}: expected a string, got {type(value).__name__}")
-    if not value or len(value) > MAX_STR_LEN:
-        raise err(f"{name}: length {len(value)} outside 1..{MAX_STR_LEN}")
-    _utf8_len(name, value, err)
-    return value
-
-
-def _check_counter(name: str, value: object, err: ErrorType) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise err(f"{name}: expected an integer, got {type(value).__name__}")
-    if not 0 <= value <= MAX_COUNTER:
-        raise err(f"{name}: {value} outside 0..2^53")
-    return value
-
-
-def _capacity(shape: list[int] | tuple[int, ...], itemsize: int) -> int:
-    """Bytes the shape would need if every zero extent were one (bounds empty arrays too)."""
-    return math.prod(max(s, 1) for s in shape) * itemsize
-
-
-def _check_array(name: str, value: object, err: ErrorType) -> None:
-    if not isinstance(value, np.ndarray):
-        raise err(f"{name}: expected a numpy array, got {type(value).__name__}")
-    if value.dtype.str not in ALLOWED_DTYPES:
-        raise err(f"{name}: dtype {value.dtype.str} is not allowed")
-    if value.ndim > MAX_ARRAY_DIMS:
-        raise err(f"{name}: {value.ndim} dimensions, at most {MAX_ARRAY_DIMS}")
-    if _capacity(value.shape, value.dtype.itemsize) > MAX_ARRAY_BYTES:
-        raise err(f"{name}: shape {list(value.shape)} exceeds {MAX_ARRAY_BYTES} bytes")
-    if value.dtype.kind == "f" and not bool(np.isfinite(value).all()):
-        raise err(f"{name}: contains NaN or infinity")
-
-
-def _check_value(name: str, hint: Any, value: object, err: ErrorType) -> object:
-    """Check ``value`` against a type hint; return it (ints widened to float where asked)."""
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _check_value(name, inner[0], value, err)
-    if origin is tuple:
-        item_hint = typing.get_args(hint)[0]
-        if not isinstance(value, (tuple, list)):
-            raise err(f"{name}: expected a list, got {type(value).__name__}")
-        if len(value) > MAX_LIST_LEN:
-            raise err(f"{name}: {len(value)} items, at most {MAX_LIST_LEN}")
-        return tuple(_check_value(f"{name}[{i}]", item_hint, v, err) for i, v in enumerate(value))
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise err(f"{name}: expected a boolean, got {type(value).__name__}")
-        return value
-    if hint is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise err(f"{name}: expected an integer, got {type(value).__name__}")
-        if not MIN_INT <= value <= MAX_INT:
-            raise err(f"{name}: integer {value} out of the 64-bit range")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise err(f"{name}: expected a number, got {type(value).__name__}")
-        if isinstance(value, int) and not MIN_INT <= value <= MAX_INT:
-            raise err(f"{name}: integer {value} out of the 64-bit range")
-        if not math.isfinite(value):
-            raise err(f"{name}: must be finite, got {value}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise err(f"{name}: expected a string, got {type(value).__name__}")
-        if _utf8_len(name, value, err) > MAX_TEXT_BYTES:
-            raise err(f"{name}: string of {len(value)} characters is too long")
-        return value
-    if hint is bytes:
-        if not isinstance(value, bytes):
-            raise err(f"{name}: expected bytes, got {type(value).__name__}")
-        return value
-    if hint is np.ndarray or typing.get_origin(hint) is np.ndarray:
-        _check_array(name, value, err)
-        return value
-    raise err(f"{name}: unsupported field type {hint!r}")  # pragma: no cover - see register
-
-
 def _check_body(body: Body, err: ErrorType) -> None:
     hints = _HINTS.get(type(body))
     if hints is None:
         raise err(f"body: {type(body).__name__} is not a registered message kind")
     for f in dataclasses.fields(body):  # type: ignore[arg-type]
         value = getattr(body, f.name)
-        checked = _check_value(f"{body.KIND}.{f.name}", hints[f.name], value, err)
+        checked = check_value(f"{body.KIND}.{f.name}", hints[f.name], value, err)
         if checked is not value:
             object.__setattr__(body, f.name, checked)
 
@@ -314,7 +211,7 @@ def _array_from_wire(name: str, raw: object) -> Array:
         raise err(f"{name}: an array must be a map of exactly dtype, shape, data")
     dtype, shape, data = raw["dtype"], raw["shape"], raw["data"]
     if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
-        raise err(f"{name}: dtype {_show(dtype)} is not allowed")
+        raise err(f"{name}: dtype {show(dtype)} is not allowed")
     if not isinstance(shape, list) or len(shape) > MAX_ARRAY_DIMS:
         raise err(f"{name}: shape must be a list of at most {MAX_ARRAY_DIMS} sizes")
     if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
@@ -322,7 +219,7 @@ def _array_from_wire(name: str, raw: object) -> Array:
     if not isinstance(data, bytes):
         raise err(f"{name}: data must be bytes")
     itemsize = np.dtype(dtype).itemsize
-    if _capacity(shape, itemsize) > MAX_ARRAY_BYTES:
+    if capacity(shape, itemsize) > MAX_ARRAY_BYTES:
         raise err(f"{name}: shape {shape} exceeds {MAX_ARRAY_BYTES} bytes")
     if len(data) != math.prod(shape) * itemsize:
         raise err(f"{name}: {len(data)} data bytes do not match shape {shape} of {dtype}")
@@ -330,7 +227,7 @@ def _array_from_wire(name: str, raw: object) -> Array:
         raise err(f"{name}: boolean data must be bytes 0 or 1")
     # A read-only view of the frame's own immutable ``bytes``: never aliases a caller's buffer.
     arr = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(tuple(shape))
-    _check_array(name, arr, err)
+    check_array(name, arr, err)
     return arr
 
 
@@ -387,7 +284,7 @@ def _body_values(kind: str, raw_body: object) -> dict[str, object]:
     cls = _REGISTRY[kind]
     hints = _HINTS[cls]
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = ", ".join(sorted(map(_show, set(raw_body) - set(fields))))
+    unknown = ", ".join(sorted(map(show, set(raw_body) - set(fields))))
     if unknown:
         raise RemoteProtocolError(f"{kind}: unknown fields [{unknown}]")
     values: dict[str, object] = {}
@@ -409,14 +306,14 @@ def decode(data: bytes | bytearray | memoryview, guard: ReplayGuard | None = Non
     keys = set(frame)
     if keys != _ENVELOPE_KEYS:
         missing = sorted(_ENVELOPE_KEYS - keys)
-        extra = ", ".join(sorted(map(_show, keys - _ENVELOPE_KEYS)))
+        extra = ", ".join(sorted(map(show, keys - _ENVELOPE_KEYS)))
         raise RemoteProtocolError(f"envelope: missing {missing}, unknown [{extra}]")
     version = frame["v"]
     if type(version) is not int or version != PROTOCOL_VERSION:
-        raise RemoteProtocolError(f"v: unsupported protocol version {_show(version)}")
+        raise RemoteProtocolError(f"v: unsupported protocol version {show(version)}")
     kind = frame["kind"]
     if not isinstance(kind, str) or kind not in _REGISTRY:
-        raise RemoteProtocolError(f"kind: unknown message kind {_show(kind)}")
+        raise RemoteProtocolError(f"kind: unknown message kind {show(kind)}")
     values = _body_values(kind, frame["body"])
     try:
         msg = Message(
@@ -466,88 +363,3 @@ class ReplayGuard:
     def accept(self, msg: Message) -> None:
         self.check(msg)
         self._last[(msg.run, msg.sender, msg.recipient)] = (msg.round, msg.seq)
-
-
-# ------------------------------------------------------- bodies of private summarisation
-# Algorithm 3 of Sarpatwar et al.: curator -> owners and owners -> curator.
-@register("summary.setup")
-@dataclass(frozen=True, slots=True)
-class SetupBody(Body):
-    """Curator -> owner: the public parameters of the run (h1 is shared by everybody).
-
-    ``max_deliveries``: an owner withdraws a point after delivering it this many times.
-    ``center`` and ``scale`` (added later, optional): h1 hashes ``(x - center) / scale``."""
-
-    n_features: int
-    d: int
-    gamma: float
-    h1_seed: int
-    tau: int
-    less_trusted: bool = False
-    max_deliveries: int = 3
-    center: Array | None = None
-    scale: Array | None = None
-
-
-@register("summary.validation")
-@dataclass(frozen=True, slots=True)
-class ValidationBody(Body):
-    """Curator -> owner: g_tilde, the DP release of the mean of h1 over the validation set."""
-
-    g_validation: Array
-
-
-@register("summary.epoch")
-@dataclass(frozen=True, slots=True)
-class EpochBody(Body):
-    """Curator -> owner: epoch l opens; g_summary estimates the mean of h1 over the summary S
-    (seed removed), ``summary_size`` is q = |S|."""
-
-    g_summary: Array
-    summary_size: int
-
-
-@register("summary.bid")
-@dataclass(frozen=True, slots=True)
-class BidBody(Body):
-    """Owner -> curator: its best point's approximate marginal gain and an opaque token."""
-
-    token: int
-    bid: float
-
-
-@register("summary.pass")
-@dataclass(frozen=True, slots=True)
-class PassBody(Body):
-    """Owner -> curator: nothing left to bid this epoch."""
-
-    reason: str = "exhausted"
-
-
-@register("summary.ask")
-@dataclass(frozen=True, slots=True)
-class AskBody(Body):
-    """Curator -> owner: deliver the point behind ``token`` (private auction)."""
-
-    token: int
-
-
-@register("summary.deliver")
-@dataclass(frozen=True, slots=True)
-class DeliverBody(Body):
-    """Owner -> curator: the asked point. Trusted mode sends ``point``; the less-trusted mode
-    of appendix F sends only ``hashed`` = h1(x) and the label."""
-
-    token: int
-    point: Array | None = None
-    hashed: Array | None = None
-    label: float | None = None
-
-
-@register("summary.finish")
-@dataclass(frozen=True, slots=True)
-class FinishBody(Body):
-    """Curator -> owner: the summary is complete (or the run was stopped)."""
-
-    epochs: int
-    reason: str = "complete"

@@ -42,18 +42,18 @@ import numpy.typing as npt
 
 from dpmarket.protocol.errors import RemoteProtocolError
 from dpmarket.protocol.hashing import RandomFourierFeatures
-from dpmarket.protocol.messages import (
+from dpmarket.protocol.messages import Message
+from dpmarket.protocol.objective import bid_direction
+from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
+from dpmarket.protocol.summary_messages import (
     AskBody,
     BidBody,
     DeliverBody,
     EpochBody,
-    Message,
     PassBody,
     SetupBody,
     ValidationBody,
 )
-from dpmarket.protocol.objective import bid_direction
-from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
 
 __all__ = ["Owner"]
 

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import dpmarket.protocol
-from dpmarket.protocol import messages
+from dpmarket.protocol import summary_messages
 from dpmarket.protocol.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from dpmarket.protocol.messages import (
     ALLOWED_DTYPES,
@@ -111,25 +111,25 @@ def check_invariant(frame: bytes) -> None:
 
 rng = np.random.default_rng(20240601)
 EXAMPLES: list[Body] = [
-    messages.SetupBody(n_features=7, d=32, gamma=0.25, h1_seed=2**40, tau=3),
-    messages.SetupBody(n_features=1, d=1, gamma=1, h1_seed=-5, tau=0, less_trusted=True),
-    messages.ValidationBody(g_validation=rng.normal(size=32)),
-    messages.ValidationBody(g_validation=np.zeros(0, dtype="<f4")),
-    messages.EpochBody(g_summary=rng.normal(size=(4, 8)).astype("<f4"), summary_size=12),
-    messages.EpochBody(g_summary=np.zeros((0, 3)), summary_size=0),
-    messages.BidBody(token=MAX_INT, bid=-1.5e300),
-    messages.BidBody(token=MIN_INT, bid=0.0),
-    messages.PassBody(),
-    messages.PassBody(reason="budget spent: é ∑ 漢"),
-    messages.AskBody(token=17),
-    messages.DeliverBody(token=3, point=rng.integers(-9, 9, size=(2, 5)), label=1.0),
-    messages.DeliverBody(token=4, hashed=np.array([[True, False]]), label=None),
-    messages.DeliverBody(
+    summary_messages.SetupBody(n_features=7, d=32, gamma=0.25, h1_seed=2**40, tau=3),
+    summary_messages.SetupBody(n_features=1, d=1, gamma=1, h1_seed=-5, tau=0, less_trusted=True),
+    summary_messages.ValidationBody(g_validation=rng.normal(size=32)),
+    summary_messages.ValidationBody(g_validation=np.zeros(0, dtype="<f4")),
+    summary_messages.EpochBody(g_summary=rng.normal(size=(4, 8)).astype("<f4"), summary_size=12),
+    summary_messages.EpochBody(g_summary=np.zeros((0, 3)), summary_size=0),
+    summary_messages.BidBody(token=MAX_INT, bid=-1.5e300),
+    summary_messages.BidBody(token=MIN_INT, bid=0.0),
+    summary_messages.PassBody(),
+    summary_messages.PassBody(reason="budget spent: é ∑ 漢"),
+    summary_messages.AskBody(token=17),
+    summary_messages.DeliverBody(token=3, point=rng.integers(-9, 9, size=(2, 5)), label=1.0),
+    summary_messages.DeliverBody(token=4, hashed=np.array([[True, False]]), label=None),
+    summary_messages.DeliverBody(
         token=5, point=np.arange(6, dtype="|u1"), hashed=np.arange(3, dtype="<i2")
     ),
-    messages.DeliverBody(token=6, point=np.array([1, 2], dtype="<u8")),
-    messages.FinishBody(epochs=9),
-    messages.FinishBody(epochs=0, reason="stopped"),
+    summary_messages.DeliverBody(token=6, point=np.array([1, 2], dtype="<u8")),
+    summary_messages.FinishBody(epochs=9),
+    summary_messages.FinishBody(epochs=0, reason="stopped"),
 ]
 SEED_FRAMES = [encode(make(b, seq=i, round_=i // 3)) for i, b in enumerate(EXAMPLES)]
 SEED_MAPS = [msgpack.unpackb(f, raw=False) for f in SEED_FRAMES]
@@ -145,7 +145,7 @@ def test_round_trip_examples(body: Body) -> None:
 
 
 def test_examples_cover_every_kind_of_the_module() -> None:
-    own = {k for k, cls in body_classes().items() if cls.__module__ == messages.__name__}
+    own = {k for k, cls in body_classes().items() if cls.__module__ == summary_messages.__name__}
     assert own == {b.KIND for b in EXAMPLES}
     dtypes = {
         getattr(b, f.name).dtype.str
@@ -386,7 +386,7 @@ def refused(raw: object, match: str) -> None:
 
 
 def with_array(**array: object) -> dict[str, Any]:
-    raw = frame_of(messages.ValidationBody(g_validation=np.zeros(2)))
+    raw = frame_of(summary_messages.ValidationBody(g_validation=np.zeros(2)))
     raw["body"]["g_validation"].update(array)
     return raw
 
@@ -410,19 +410,19 @@ def with_array(**array: object) -> dict[str, Any]:
     ],
 )
 def test_envelope_refusals(change: dict[str, object], match: str) -> None:
-    refused(frame_of(messages.AskBody(token=1), **change), match)
+    refused(frame_of(summary_messages.AskBody(token=1), **change), match)
 
 
 def test_missing_and_unknown_envelope_keys() -> None:
-    raw = frame_of(messages.AskBody(token=1))
+    raw = frame_of(summary_messages.AskBody(token=1))
     del raw["seq"]
     refused(raw, r"^envelope: missing \['seq'\], unknown \[\]")
-    raw = frame_of(messages.AskBody(token=1), sig=b"x")
+    raw = frame_of(summary_messages.AskBody(token=1), sig=b"x")
     refused(raw, r"^envelope: missing \[\], unknown \['sig'\]")
 
 
 def test_body_refusals() -> None:
-    raw = frame_of(messages.BidBody(token=1, bid=0.5))
+    raw = frame_of(summary_messages.BidBody(token=1, bid=0.5))
     raw["body"]["colour"] = "red"
     refused(raw, r"^summary\.bid: unknown fields \['colour'\]")
     del raw["body"]["colour"], raw["body"]["token"]
@@ -431,14 +431,14 @@ def test_body_refusals() -> None:
         (True, r"^summary\.bid\.token: expected an integer, got bool"),
         (1.0, r"^summary\.bid\.token: expected an integer, got float"),
     ]:
-        raw = frame_of(messages.BidBody(token=1, bid=0.5))
+        raw = frame_of(summary_messages.BidBody(token=1, bid=0.5))
         raw["body"]["token"] = bad
         refused(raw, match)
     for bad in (float("nan"), float("inf"), -float("inf")):
-        raw = frame_of(messages.BidBody(token=1, bid=0.5))
+        raw = frame_of(summary_messages.BidBody(token=1, bid=0.5))
         raw["body"]["bid"] = bad
         refused(raw, r"^summary\.bid\.bid: must be finite")
-    raw = frame_of(messages.PassBody())
+    raw = frame_of(summary_messages.PassBody())
     raw["body"]["reason"] = "x" * (64 * MAX_STR_LEN + 1)
     refused(raw, r"^summary\.pass\.reason: string of 16385 characters is too long")
 
@@ -474,7 +474,7 @@ def test_frame_level_refusals() -> None:
     refused(SEED_FRAMES[0] + b"\x00", r"^frame: not a valid msgpack frame \(ExtraData\)")
     refused(pack([1, 2]), r"^frame: expected a map, got list")
     refused(pack({1: 2}), r"^frame: not a valid msgpack frame")  # non-string map key
-    ext = frame_of(messages.AskBody(token=1), kind=msgpack.ExtType(1, b""))
+    ext = frame_of(summary_messages.AskBody(token=1), kind=msgpack.ExtType(1, b""))
     refused(ext, r"^frame: not a valid msgpack frame")
     with pytest.raises(RemoteProtocolError, match=r"^frame: expected bytes, got str"):
         decode("not bytes")  # type: ignore[arg-type]
@@ -489,18 +489,19 @@ def test_decode_accepts_bytearray_and_memoryview() -> None:
 
 def test_oversized_frame_refused_at_encode() -> None:
     big = np.zeros(MAX_ARRAY_BYTES // 8 - 16)
-    body = messages.DeliverBody(token=1, point=big, hashed=big)
+    body = summary_messages.DeliverBody(token=1, point=big, hashed=big)
     with pytest.raises(LocalProtocolError, match=r"^frame of \d+ bytes exceeds 67108864"):
         encode(make(body))
     with pytest.raises(LocalProtocolError, match=r"summary\.validation\.g_validation: shape"):
-        messages.ValidationBody(g_validation=np.zeros(MAX_ARRAY_BYTES // 8 + 1))
+        summary_messages.ValidationBody(g_validation=np.zeros(MAX_ARRAY_BYTES // 8 + 1))
 
 
 # ------------------------------------------------------------------------------ replay guard
 def frames(*pairs: tuple[int, int], sender: str = "owner-1") -> list[bytes]:
     """Frames with the given (round, seq) pairs on one stream."""
     return [
-        encode(make(messages.AskBody(token=1), seq=s, round_=r, sender=sender)) for r, s in pairs
+        encode(make(summary_messages.AskBody(token=1), seq=s, round_=r, sender=sender))
+        for r, s in pairs
     ]
 
 
@@ -528,7 +529,7 @@ def test_guard_refusal_leaves_state_untouched() -> None:
         with pytest.raises(RemoteProtocolError):
             decode(bad, guard)
         assert guard == before
-    bad_body = wire(make(messages.AskBody(token=1), seq=11, round_=2))
+    bad_body = wire(make(summary_messages.AskBody(token=1), seq=11, round_=2))
     bad_body["body"]["token"] = "x"
     with pytest.raises(RemoteProtocolError):
         decode(pack(bad_body), guard)
@@ -541,10 +542,10 @@ def test_guard_streams_are_independent() -> None:
     guard = ReplayGuard()
     decode(frames((3, 9), sender="a")[0], guard)
     decode(frames((0, 0), sender="b")[0], guard)  # another sender starts from scratch
-    other_run = wire(make(messages.AskBody(token=1), seq=0))
+    other_run = wire(make(summary_messages.AskBody(token=1), seq=0))
     other_run["run"] = "run-2"
     decode(pack(other_run), guard)
-    other_recipient = wire(make(messages.AskBody(token=1), seq=0))
+    other_recipient = wire(make(summary_messages.AskBody(token=1), seq=0))
     other_recipient["to"] = "owner-9"
     decode(pack(other_recipient), guard)
     with pytest.raises(RemoteProtocolError, match=r"^seq"):
@@ -553,19 +554,40 @@ def test_guard_streams_are_independent() -> None:
 
 # ----------------------------------------------------------------------- local construction
 LOCAL_MISUSE: list[tuple[Callable[[], object], str]] = [
-    (lambda: messages.BidBody(token="1", bid=0.5), r"summary\.bid\.token: expected an integer"),  # type: ignore[arg-type]
-    (lambda: messages.BidBody(token=2**64, bid=0.5), r"summary\.bid\.token: integer .* 64-bit"),
-    (lambda: messages.BidBody(token=1, bid=10**400), r"summary\.bid\.bid: integer .* 64-bit"),
-    (lambda: messages.BidBody(token=1, bid=float("nan")), r"summary\.bid\.bid: must be finite"),
-    (lambda: messages.SetupBody(1, 1, 0.5, 1, 1, less_trusted=1), r"less_trusted: expected a"),  # type: ignore[arg-type]
-    (lambda: messages.PassBody(reason="\ud800"), r"summary\.pass\.reason: not encodable"),
-    (lambda: messages.ValidationBody(np.zeros(2, dtype=object)), r"dtype \|O is not allowed"),
-    (lambda: messages.ValidationBody(np.zeros(2, dtype=">f8")), r"dtype >f8 is not allowed"),
-    (lambda: messages.ValidationBody(np.zeros((1,) * 5)), r"5 dimensions, at most 4"),
-    (lambda: messages.ValidationBody([1.0]), r"expected a numpy array, got list"),  # type: ignore[arg-type]
-    (lambda: make(messages.AskBody(token=1), seq=-1), r"^seq: -1 outside"),
-    (lambda: make(messages.AskBody(token=1), sender="x" * 257), r"^sender: length 257"),
-    (lambda: make(messages.AskBody(token=1), sender="\udcff"), r"^sender: not encodable"),
+    (
+        lambda: summary_messages.BidBody(token="1", bid=0.5),
+        r"summary\.bid\.token: expected an integer",
+    ),  # type: ignore[arg-type]
+    (
+        lambda: summary_messages.BidBody(token=2**64, bid=0.5),
+        r"summary\.bid\.token: integer .* 64-bit",
+    ),
+    (
+        lambda: summary_messages.BidBody(token=1, bid=10**400),
+        r"summary\.bid\.bid: integer .* 64-bit",
+    ),
+    (
+        lambda: summary_messages.BidBody(token=1, bid=float("nan")),
+        r"summary\.bid\.bid: must be finite",
+    ),
+    (
+        lambda: summary_messages.SetupBody(1, 1, 0.5, 1, 1, less_trusted=1),
+        r"less_trusted: expected a",
+    ),  # type: ignore[arg-type]
+    (lambda: summary_messages.PassBody(reason="\ud800"), r"summary\.pass\.reason: not encodable"),
+    (
+        lambda: summary_messages.ValidationBody(np.zeros(2, dtype=object)),
+        r"dtype \|O is not allowed",
+    ),
+    (
+        lambda: summary_messages.ValidationBody(np.zeros(2, dtype=">f8")),
+        r"dtype >f8 is not allowed",
+    ),
+    (lambda: summary_messages.ValidationBody(np.zeros((1,) * 5)), r"5 dimensions, at most 4"),
+    (lambda: summary_messages.ValidationBody([1.0]), r"expected a numpy array, got list"),  # type: ignore[arg-type]
+    (lambda: make(summary_messages.AskBody(token=1), seq=-1), r"^seq: -1 outside"),
+    (lambda: make(summary_messages.AskBody(token=1), sender="x" * 257), r"^sender: length 257"),
+    (lambda: make(summary_messages.AskBody(token=1), sender="\udcff"), r"^sender: not encodable"),
     (lambda: Message("r", 0, "a", "b", 0, body="x"), r"^body: str is not a registered"),  # type: ignore[arg-type]
 ]
 
@@ -579,16 +601,16 @@ def test_local_misuse_raises_local_error(build: Callable[[], object], match: str
 
 def test_encode_rechecks_mutated_arrays() -> None:
     arr = np.zeros(3)
-    msg = make(messages.ValidationBody(g_validation=arr))
+    msg = make(summary_messages.ValidationBody(g_validation=arr))
     arr[1] = np.inf  # the body keeps the caller's array; encode must notice
     with pytest.raises(LocalProtocolError, match=r"g_validation: contains NaN"):
         encode(msg)
 
 
 def test_int_is_widened_to_float() -> None:
-    body = messages.BidBody(token=1, bid=3)
+    body = summary_messages.BidBody(token=1, bid=3)
     assert type(body.bid) is float
-    raw = frame_of(messages.BidBody(token=1, bid=0.5))
+    raw = frame_of(summary_messages.BidBody(token=1, bid=0.5))
     raw["body"]["bid"] = 7
     assert type(decode(pack(raw)).body.bid) is float  # type: ignore[attr-defined]
 
@@ -614,7 +636,7 @@ def test_register_refuses_duplicates_and_unsupported_types() -> None:
 # --------------------------------------------------------------------- decoded immutability
 def test_decoded_arrays_are_read_only_and_own_their_bytes() -> None:
     point = np.arange(6, dtype="<f8").reshape(2, 3)
-    buffer = bytearray(encode(make(messages.DeliverBody(token=1, point=point))))
+    buffer = bytearray(encode(make(summary_messages.DeliverBody(token=1, point=point))))
     msg = decode(buffer)
     decoded = msg.body.point  # type: ignore[attr-defined]
     assert not decoded.flags.writeable

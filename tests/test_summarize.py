@@ -12,17 +12,17 @@ from dpmarket.actors.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.curator import Curator, CuratorParams
 from dpmarket.protocol.errors import LocalProtocolError, RemoteProtocolError
 from dpmarket.protocol.hashing import RandomFourierFeatures
-from dpmarket.protocol.messages import (
+from dpmarket.protocol.messages import Message
+from dpmarket.protocol.objective import hashed_bids
+from dpmarket.protocol.summarize import Owner
+from dpmarket.protocol.summary_messages import (
     AskBody,
     BidBody,
     EpochBody,
-    Message,
     PassBody,
     SetupBody,
     ValidationBody,
 )
-from dpmarket.protocol.objective import hashed_bids
-from dpmarket.protocol.summarize import Owner
 from dpmarket.streams.synthetic import Scenario
 from tests.small import small_params, small_scenario
 
