@@ -56,7 +56,6 @@ __all__ = [
     "RoundKeyring",
     "expand_rows",
     "expand_sum",
-    "expanded_blocks",
     "generate_keypair",
     "hkdf_expand",
     "hkdf_extract",
@@ -311,7 +310,7 @@ def _prg_cipher(prg: str, d: int) -> tuple[type[AESGCM | AESCCM | ChaCha20Poly13
     raise ValueError(f"prg must be one of {PRGS}, got {prg!r}")
 
 
-def expanded_blocks(seeds: U8, d: int, prg: str) -> Iterator[tuple[int, U64]]:
+def _expanded_blocks(seeds: U8, d: int, prg: str) -> Iterator[tuple[int, U64]]:
     """(start row, words of shape (rows, k, d + 2)) over blocks of about 32 MiB of keystream.
 
     The last two words of each stream are the discarded tag: callers slice them off (after
@@ -348,7 +347,7 @@ def expand_rows(seeds: U8, d: int, prg: str = "aes-ctr") -> U64:
     """
     n = int(np.shape(seeds)[0])
     out = np.zeros((n, d), dtype=np.uint64)
-    for start, words in expanded_blocks(seeds, d, prg):
+    for start, words in _expanded_blocks(seeds, d, prg):
         out[start : start + len(words)] = words.sum(axis=1, dtype=np.uint64)[:, :d]
     return out
 
@@ -356,6 +355,6 @@ def expand_rows(seeds: U8, d: int, prg: str = "aes-ctr") -> U64:
 def expand_sum(seeds: U8, d: int, prg: str = "aes-ctr") -> U64:
     """sum_i PRG(seeds[i]) mod 2^64 over seeds of shape (n, 32), without an (n, d) buffer."""
     total = np.zeros(d, dtype=np.uint64)
-    for _, words in expanded_blocks(seeds, d, prg):
+    for _, words in _expanded_blocks(seeds, d, prg):
         total += words.reshape(-1, d + 2).sum(axis=0, dtype=np.uint64)[:d]
     return total
