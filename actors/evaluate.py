@@ -29,7 +29,7 @@ from dpmarket.actors.scenarios import digits_split
 from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.curator import CuratorParams, SummaryResult
 from dpmarket.protocol.objective import greedy_exact, mmd2, uniform_sample
-from dpmarket.protocol.release_plan import ReleasePlan, plan_releases
+from dpmarket.protocol.release_plan import EXPLORE_SHARE, ReleasePlan, plan_releases
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
 __all__ = [
@@ -208,11 +208,16 @@ def _privacy(ledgers: dict[str, PrivacyLedger], owner: str, delta: float) -> dic
 # --------------------------------------------------------------------------------------------
 
 DATASETS = ("synthetic", "digits")
-MECHANISMS = ("paper", "gaussian", "tree", "herding", "herding-pure")
+MECHANISMS = (
+    "paper", "gaussian", "tree", "herding", "herding-pure", "herding-select",
+    "herding-pure-select",
+)  # fmt: skip
 """Private mechanisms compared: the paper's Table 1 (MWEM h2, paper auction) and, planned to the
 budgets by :func:`~dpmarket.protocol.release_plan.plan_releases`, the Gaussian validation release
 with per-epoch Gaussian / tree-aggregated / herding summary releases (auction: every bidder asked,
-tau = 1) and herding with the calibrated pure auction (parsimonious)."""
+tau = 1), herding with the calibrated pure auction (parsimonious), and "-select": exploration
+epochs plus the curator's exact final selection over every purchased point
+(protocol/selection.py)."""
 
 CANDIDATE_DOMAINS: dict[str, tuple[str, float, float]] = {
     "synthetic": ("gaussian", 0.0, 1.0),  # features standardised by a public map
@@ -223,6 +228,7 @@ CANDIDATE_DOMAINS: dict[str, tuple[str, float, float]] = {
 _ROW_KEYS = (
     "dataset", "mechanism", "p", "gap_closed", "mmd2_private", "mmd2_greedy", "mmd2_uniform",
     "svm_private", "svm_uniform", "svm_greedy", "eps_owner", "eps_validation", "delta",
+    "points_accessed", "mmd2_uniform_select", "svm_uniform_select",
 )  # fmt: skip
 
 
@@ -239,9 +245,19 @@ def utility_scenario(dataset: str, rng: np.random.Generator) -> Scenario:
 
 @functools.lru_cache(maxsize=256)
 def _plan(
-    p: int, m: int, owners: int, eps: tuple[float, float, float], summary: str, auction: str
+    p: int,
+    m: int,
+    owners: int,
+    eps: tuple[float, float, float],
+    summary: str,
+    auction: str,
+    select: bool,
+    explore_share: float = EXPLORE_SHARE,
 ) -> ReleasePlan:
-    return plan_releases(p, m, owners, eps[0], eps[1], eps[2], summary=summary, auction=auction)
+    return plan_releases(
+        p, m, owners, eps[0], eps[1], eps[2], summary=summary, auction=auction, select=select,
+        explore_share=explore_share,
+    )  # fmt: skip
 
 
 def recommended_params(
@@ -254,15 +270,20 @@ def recommended_params(
     summary: str = "herding",
     auction: str = "all",
     candidates: tuple[str, float, float] = ("gaussian", 0.0, 1.0),
+    select: bool = True,
+    explore_share: float = EXPLORE_SHARE,
 ) -> CuratorParams:
-    """The recommended configuration: Gaussian g_tilde, herding g_l, every bidder asked.
+    """The recommended configuration: Gaussian g_tilde, herding g_l, every bidder asked,
+    exploration epochs and the exact final selection (``select``, protocol/selection.py).
 
     Meets eps_owner and eps_validation at delta (PLD, every event of the run counted) by
     :func:`~dpmarket.protocol.release_plan.plan_releases`; ``candidates`` describes the public
     feature domain the herding candidates are drawn from (see :data:`CANDIDATE_DOMAINS`).
     """
     budget = (eps_owner, eps_validation, delta)
-    plan = _plan(p, len(scenario.validation), len(scenario.owners), budget, summary, auction)
+    owners = len(scenario.owners)
+    m = len(scenario.validation)
+    plan = _plan(p, m, owners, budget, summary, auction, select, explore_share)
     distribution, center, scale = candidates
     return CuratorParams(
         p=p,
@@ -276,19 +297,26 @@ def recommended_params(
 
 
 def mechanism_params(
-    mechanism: str, dataset: str, p: int, scenario: Scenario, seed: int, budget: tuple[float, ...]
+    mechanism: str,
+    dataset: str,
+    p: int,
+    scenario: Scenario,
+    seed: int,
+    budget: tuple[float, ...],
+    explore_share: float = EXPLORE_SHARE,
 ) -> CuratorParams:
     """CuratorParams of one compared mechanism (:data:`MECHANISMS`); budget = (eps_owner,
-    eps_validation, delta)."""
+    eps_validation, delta); ``explore_share`` applies to the "-select" mechanisms."""
     eps_owner, eps_validation, delta = budget
     if mechanism == "paper":
         return paper_params(p, scenario.gamma, seed, len(scenario.owners), delta)
-    summary, _, variant = mechanism.partition("-")
-    if summary not in ("gaussian", "tree", "herding"):
+    if mechanism not in MECHANISMS:
         raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+    summary, *options = mechanism.split("-")
     return recommended_params(
-        p, scenario, seed, eps_owner, eps_validation, delta, summary, variant or "all",
-        CANDIDATE_DOMAINS[dataset],
+        p, scenario, seed, eps_owner, eps_validation, delta, summary,
+        "pure" if "pure" in options else "all", CANDIDATE_DOMAINS[dataset], "select" in options,
+        explore_share,
     )  # fmt: skip
 
 
@@ -331,6 +359,7 @@ def evaluate_utility(
     p_values: list[int],
     seeds: list[int],
     budget: tuple[float, float, float] = (1.0, 3.0, 1e-5),
+    explore_share: float = EXPLORE_SHARE,
 ) -> list[dict[str, Any]]:
     """One row per (dataset, mechanism, p): means over seeds (issue 6, Deliver 2).
 
@@ -351,9 +380,19 @@ def evaluate_utility(
                 for name, idx in (("greedy", exact), ("uniform", uniform)):
                     _score(cells.setdefault((name, p), _Scores()), X[idx], y[idx], scenario)
                 for mech in mechanisms:
-                    params = mechanism_params(mech, dataset, p, scenario, seed, budget)
+                    params = mechanism_params(
+                        mech, dataset, p, scenario, seed, budget, explore_share
+                    )
                     scores = cells.setdefault((mech, p), _Scores())
                     _run_mechanism(scores, scenario, params, seed, budget[2])
+                    if params.final_selection == "exact":  # same purchase, bought at random
+                        size = min(int(scores.accessed[-1]), len(X))
+                        bought = uniform_sample(owner_of, size, np.random.default_rng([seed, p, 3]))
+                        kept = bought[
+                            greedy_exact(X[bought], scenario.validation, p, scenario.gamma)
+                        ]
+                        baseline = cells.setdefault((f"{mech}|uniform-select", p), _Scores())
+                        _score(baseline, X[kept], y[kept], scenario)
         rows += [_row(dataset, mech, p, cells, budget[2]) for mech in mechanisms for p in p_values]
     return rows
 
@@ -363,6 +402,7 @@ def _row(
 ) -> dict[str, Any]:
     private, greedy, uniform = cells[(mech, p)], cells[("greedy", p)], cells[("uniform", p)]
     mean = {k: float(np.mean(v.mmd2)) for k, v in (("p", private), ("g", greedy), ("u", uniform))}
+    bought = cells.get((f"{mech}|uniform-select", p))
     return {
         "dataset": dataset,
         "mechanism": mech,
@@ -379,6 +419,9 @@ def _row(
         "delta": delta,
         "points_accessed": float(np.mean(private.accessed)),
         "transfers": float(np.mean(private.transfers)),
+        # "-select" only: as many points bought uniformly at random, then the same selection
+        "mmd2_uniform_select": None if bought is None else round(float(np.mean(bought.mmd2)), 6),
+        "svm_uniform_select": None if bought is None else round(float(np.mean(bought.svm)), 4),
     }
 
 
@@ -386,7 +429,8 @@ def utility_table(rows: list[dict[str, Any]]) -> list[str]:
     """Human-readable lines for :func:`evaluate_utility` rows."""
     head = (
         f"{'dataset':<10} {'mechanism':<13} {'p':>4} {'greedy':>8} {'uniform':>8} {'private':>8} "
-        f"{'gap':>6} {'SVM g/u/priv':>17} {'eps own':>8} {'eps val':>8} {'accessed':>9}"
+        f"{'gap':>6} {'SVM g/u/priv':>17} {'eps own':>8} {'eps val':>8} {'accessed':>9} "
+        f"{'random-buy select (gap, SVM)':>28}"
     )
     lines = [head]
     for r in rows:
@@ -395,9 +439,18 @@ def utility_table(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"{r['dataset']:<10} {r['mechanism']:<13} {r['p']:>4} {r['mmd2_greedy']:>8.5f} "
             f"{r['mmd2_uniform']:>8.5f} {r['mmd2_private']:>8.5f} {r['gap_closed']:>6.2f} "
-            f"{svm:>17} {eps[0]:>8} {eps[1]:>8} {r['points_accessed']:>9.1f}"
+            f"{svm:>17} {eps[0]:>8} {eps[1]:>8} {r['points_accessed']:>9.1f} "
+            f"{_random_buy(r):>28}"
         )
     return lines
+
+
+def _random_buy(row: dict[str, Any]) -> str:
+    if row["mmd2_uniform_select"] is None:
+        return "-"
+    u, g = row["mmd2_uniform"], row["mmd2_greedy"]
+    gap = (u - row["mmd2_uniform_select"]) / (u - g)
+    return f"{gap:.2f}, {row['svm_uniform_select']:.3f}"
 
 
 def utility_json(rows: list[dict[str, Any]]) -> str:
@@ -417,7 +470,22 @@ def build_utility_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--eps-owner", type=float, default=1.0)
     parser.add_argument("--eps-validation", type=float, default=3.0)
     parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument(
+        "--explore-share", type=_share, default=EXPLORE_SHARE,
+        help="exploration points per summary point of the -select mechanisms (default "
+        f"{EXPLORE_SHARE})",
+    )  # fmt: skip
     return parser
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
 
 
 def utility_main(argv: list[str] | None = None) -> int:
@@ -428,13 +496,14 @@ def utility_main(argv: list[str] | None = None) -> int:
     mechanisms = args.mechanisms
     if args.quick:
         p_values, seeds = [50, 100], [0]
-        mechanisms = [m for m in mechanisms if m in ("paper", "tree", "herding")]
+        mechanisms = [m for m in mechanisms if m in ("paper", "tree", "herding", "herding-select")]
     budget = (args.eps_owner, args.eps_validation, args.delta)
     start = time.perf_counter()
-    rows = evaluate_utility(args.datasets, mechanisms, p_values, seeds, budget)
+    rows = evaluate_utility(args.datasets, mechanisms, p_values, seeds, budget, args.explore_share)
     print(
         f"utility: seeds {seeds}, budgets eps_owner <= {budget[0]}, eps_validation <= "
-        f"{budget[1]} at delta {budget[2]:g} (PLD); {time.perf_counter() - start:.1f} s"
+        f"{budget[1]} at delta {budget[2]:g} (PLD), explore share {args.explore_share:g}; "
+        f"{time.perf_counter() - start:.1f} s"
     )
     for line in utility_table(rows):
         print(line)

@@ -3,11 +3,14 @@
 ``report.json`` schema (version 1; fields are only ever added):
 
 - ``schema``: 1; ``run``: the public configuration (K, M, T, p, budgets, kernel, data, faults).
-- ``outcome``: ``state`` ("done"), ``reason``, ``epochs``.
+- ``outcome``: ``state`` ("done"), ``reason``, ``epochs``, ``exploration_epochs`` (the first
+  epochs, in which every owner delivered a uniform draw and no auction ran).
 - ``privacy``: per protected party, epsilon at ``delta`` by the ledger (``pld``, ``theorem7``)
   and ``paper`` (as the paper counts it), the events, and for each honest owner the guarantee
   against the simulated coalition of colluders (their auction observations pooled).
-- ``parsimony``: distinct points accessed, total transfers, rho = (distinct + m) / (p + m).
+- ``parsimony``: distinct points accessed, total transfers, rho = (distinct + m) / (p + m),
+  ``final_selection`` ("exact": the summary is the exact-greedy choice among the
+  ``purchased_pool`` verified deliveries, protocol/selection.py; "none": the epoch winners).
 - ``value``: sum of winning marginal gains per owner (value attribution).
 - ``faults``: owners lost (epoch), frames late, deliveries rejected; ``verdicts``: per simulated
   fault whether it was tolerated (and how), not triggered, with the T budget used.
@@ -169,6 +172,7 @@ def write_outputs(
             "state": payload["state"],
             "reason": payload["reason"],
             "epochs": payload["epochs"],
+            "exploration_epochs": payload.get("exploration_epochs", 0),
         },
         "privacy": privacy,
         "parsimony": {
@@ -177,6 +181,8 @@ def write_outputs(
             "distinct_points": payload["distinct_points"],
             "total_transfers": payload["total_transfers"],
             "rho": (payload["distinct_points"] + m) / max(p + m, 1),
+            "final_selection": payload.get("final_selection", "none"),
+            "purchased_pool": payload.get("purchased", 0),
         },
         "value": payload["value"],
         "faults": {

@@ -24,7 +24,6 @@ Privacy (what the ledger charges, per protected party; delta and neighbouring as
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -32,12 +31,14 @@ import numpy.typing as npt
 from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.auction import AuctionBid, TransferCounter, choose_winner, run_auction
 from dpmarket.protocol.curator_params import CuratorParams
+from dpmarket.protocol.curator_state import Provenance, SummaryResult, _Epoch
 from dpmarket.protocol.errors import LocalProtocolError, RemoteProtocolError
 from dpmarket.protocol.hashing import MwemHash, RandomFourierFeatures
 from dpmarket.protocol.messages import Message
 from dpmarket.protocol.objective import hashed_bids
 from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
 from dpmarket.protocol.releases import make_summary_channel, release_validation
+from dpmarket.protocol.selection import PoolEntry, PurchasedPool
 from dpmarket.protocol.summary_messages import (
     AskBody,
     BidBody,
@@ -52,49 +53,6 @@ __all__ = ["Curator", "CuratorParams", "Provenance", "SummaryResult"]
 
 F64 = npt.NDArray[np.float64]
 CURATOR = "curator"
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where a summary point came from and what it was worth when it won."""
-
-    owner: str
-    token: int
-    epoch: int
-    bid: float
-    gain: float  # approximate marginal gain 2/(q+1) * bid (constant dropped; objective.py)
-
-
-@dataclass
-class SummaryResult:
-    """What the curator ends with: the summary, its provenance and the bookkeeping."""
-
-    points: F64 | None
-    hashed: npt.NDArray[np.float32]
-    labels: F64
-    provenance: list[Provenance]
-    epochs: int
-    reason: str
-    value: dict[str, float]
-    transfers: TransferCounter
-    ledgers: dict[str, PrivacyLedger]
-    dropped: list[tuple[int, str, str]]  # (epoch, owner, phase)
-    rejected: list[tuple[int, str, str]]  # (epoch, owner, why)
-    late_frames: int
-
-
-@dataclass
-class _Epoch:
-    number: int
-    g_summary: F64
-    q: int
-    bids: dict[str, BidBody] = field(default_factory=dict)
-    passed: set[str] = field(default_factory=set)
-    asked: set[str] = field(default_factory=set)
-    verified: dict[str, tuple[float, DeliverBody]] = field(default_factory=dict)
-    answered: set[str] = field(default_factory=set)
-    deadline: float | None = None
-    decided: bool = False  # the auction of this epoch has run (and was charged)
 
 
 class Curator:
@@ -133,6 +91,8 @@ class Curator:
         self._labels: list[float] = []
         self._members: set[tuple[str, int]] = set()
         self.provenance: list[Provenance] = []
+        self.pool = PurchasedPool()  # every verified delivery (protocol/selection.py)
+        self._final: SummaryResult | None = None
         self._times_bid: dict[tuple[str, int], int] = {}
         self.transfers = TransferCounter()
         self.value = dict.fromkeys(owners, 0.0)
@@ -307,7 +267,7 @@ class Curator:
         out += [
             self._out.make(o, ep.number, ValidationBody(self._g_validation)) for o in self.owners
         ]
-        body = EpochBody(ep.g_summary, ep.q)
+        body = EpochBody(ep.g_summary, ep.q, explore=self._exploring(ep.number))
         return out + [self._out.make(o, ep.number, body) for o in self.owners]
 
     @property
@@ -315,6 +275,15 @@ class Curator:
         return self.state == "done"
 
     def result(self) -> SummaryResult:
+        """The summary: the epoch winners, or (``final_selection = "exact"``) the pool points
+        exact greedy picks against D_v (computed once the run is done, then kept)."""
+        if self.params.final_selection == "exact" and len(self.pool):
+            if self._final is None or self.state != "done":
+                self._final = self._selected_result()
+            return self._final
+        return self._winners_result()
+
+    def _winners_result(self) -> SummaryResult:
         d = self.params.d
         hashed = np.array(self._summary_H, dtype=np.float32).reshape(-1, d)
         points = None if self.params.less_trusted else np.array(self._summary_X, dtype=np.float64)
@@ -333,14 +302,41 @@ class Curator:
             late_frames=self.late_frames,
         )
 
+    def _selected_result(self) -> SummaryResult:
+        """Exact greedy over the purchased pool against D_v (protocol/selection.py): returned
+        to the consumer, never sent to an owner, so no ledger event."""
+        p = self.params
+        standard = None
+        if p.center is not None and p.scale is not None:
+            standard = (np.asarray(p.center, dtype=np.float64), np.asarray(p.scale, np.float64))
+        order, gains = self.pool.select(p.p, self._V, self._H_validation, p.gamma, standard)
+        picked = [self.pool.entries[i] for i in order]
+        provenance = [
+            Provenance(e.owner, e.token, e.epoch, e.bid, float(g))
+            for e, g in zip(picked, gains, strict=True)
+        ]
+        value = dict.fromkeys(self.owners, 0.0)
+        for prov in provenance:
+            value[prov.owner] += prov.gain
+        points = None if p.less_trusted else np.array([e.point for e in picked], dtype=np.float64)
+        return dataclasses.replace(
+            self._winners_result(), points=points, provenance=provenance, value=value,
+            hashed=np.array([e.hashed for e in picked], dtype=np.float32).reshape(-1, p.d),
+            labels=np.array([e.label for e in picked], dtype=np.float64),
+        )  # fmt: skip
+
     # --------------------------------------------------------------------------- phases
+    def _exploring(self, number: int) -> bool:
+        """Epochs 1 .. ceil(explore_share p / K) explore (protocol/selection.py)."""
+        return number <= self.params.explore_epochs(len(self.owners))
+
     def _open_epoch(self, g_summary: F64) -> list[Message]:
         number = self.epoch.number + 1
         if number > self.params.epoch_limit:
             return self._finish("epoch limit reached")
         self.epoch = _Epoch(number, g_summary, len(self.provenance))
         self.state, self.checkpoint_due = "bidding", True
-        body = EpochBody(g_summary, self.epoch.q)
+        body = EpochBody(g_summary, self.epoch.q, explore=self._exploring(number))
         return [self._out.make(o, number, body) for o in sorted(self.live)]
 
     def _waiting(self) -> set[str]:
@@ -366,6 +362,9 @@ class Curator:
         ep, p = self.epoch, self.params
         if not ep.bids:
             return self._finish("no owner has points left to bid")
+        if not ep.decided and self._exploring(ep.number):
+            # exploration: every bidder asked, no auction run, nothing charged (selection.py)
+            ep.asked, ep.decided, self.checkpoint_due = set(ep.bids), True, True
         if not ep.decided:
             bids = []
             for owner, b in sorted(ep.bids.items()):
@@ -430,6 +429,10 @@ class Curator:
 
     def _close_asking(self) -> list[Message]:
         ep = self.epoch
+        for owner, (bid, body) in sorted(ep.verified.items()):
+            self._purchase(owner, bid, body)
+        if self._exploring(ep.number):  # the pool grew; the summary and g_l stay as they are
+            return self._open_epoch(ep.g_summary)
         winner = choose_winner({o: bid for o, (bid, _) in ep.verified.items()})
         if winner is None:  # nothing added: repeat with the same release, no new charge
             return self._open_epoch(ep.g_summary)
@@ -438,6 +441,12 @@ class Curator:
         if len(self.provenance) >= self.params.p:
             return self._finish("complete")
         return self._open_epoch(self._release_summary())
+
+    def _purchase(self, owner: str, bid: float, body: DeliverBody) -> None:
+        point = None if body.point is None else np.asarray(body.point, dtype=np.float64)
+        h = self.h1(point) if point is not None else np.asarray(body.hashed, dtype=np.float32)
+        label = float(body.label if body.label is not None else 0.0)
+        self.pool.add(PoolEntry(owner, body.token, self.epoch.number, bid, point, h, label))
 
     def _add(self, owner: str, bid: float, body: DeliverBody) -> None:
         q = self.epoch.q

@@ -8,6 +8,7 @@ an invalid field is named in the error.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,7 @@ from dpmarket.protocol.releases import (
     SUMMARY_RELEASES,
     VALIDATION_RELEASES,
 )
+from dpmarket.protocol.selection import FINAL_SELECTIONS
 
 __all__ = ["CuratorParams"]
 
@@ -63,6 +65,11 @@ class CuratorParams:
     candidate_scale: float = 1.0
     herding_residual_weight: float = 1.0
     herding_ascent_steps: int = 0  # herding: gradient steps per virtual point (0: candidates)
+    # Oversample, then select (protocol/selection.py): the first ceil(explore_share p / K)
+    # epochs ask every owner for a uniformly drawn point; "exact" returns the p purchased points
+    # exact greedy picks against D_v (never sent to an owner: no ledger event).
+    final_selection: str = "none"  # "none" | "exact"
+    explore_share: float = 0.0
     # Public standardisation of the features before h1 (the normalise round's DP means and
     # spreads; None: raw features). Set through Curator.standardize before the run starts.
     center: tuple[float, ...] | None = None
@@ -101,6 +108,8 @@ class CuratorParams:
             "candidate_scale": self.candidate_scale > 0,
             "herding_residual_weight": self.herding_residual_weight >= 0,
             "herding_ascent_steps": self.herding_ascent_steps >= 0,
+            "final_selection": self.final_selection in FINAL_SELECTIONS,
+            "explore_share": bool(np.isfinite(self.explore_share)) and self.explore_share >= 0,
             "center, scale": (self.center is None) == (self.scale is None)
             and (self.scale is None or min(self.scale, default=1.0) > 0),
         }
@@ -122,4 +131,10 @@ class CuratorParams:
 
     @property
     def epoch_limit(self) -> int:
-        return self.max_epochs if self.max_epochs is not None else 4 * self.p + 10
+        if self.max_epochs is not None:
+            return self.max_epochs
+        return 4 * self.p + 10 + self.explore_epochs(1)
+
+    def explore_epochs(self, n_owners: int) -> int:
+        """Exploration epochs of a run with ``n_owners`` owners: ceil(explore_share p / K)."""
+        return math.ceil(self.explore_share * self.p / max(1, n_owners))

@@ -24,7 +24,9 @@ import numpy.typing as npt
 
 from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.auction import TransferCounter
-from dpmarket.protocol.curator import Curator, CuratorParams, Provenance, _Epoch
+from dpmarket.protocol.curator import Curator, CuratorParams
+from dpmarket.protocol.curator_state import Provenance, _Epoch
+from dpmarket.protocol.selection import PurchasedPool
 from dpmarket.protocol.summary_messages import (
     BidBody,
     DeliverBody,
@@ -115,6 +117,7 @@ def snapshot_curator(c: Curator) -> dict[str, Any]:
         "labels": list(c._labels),
         "members": sorted([o, t] for o, t in c._members),
         "provenance": [dataclasses.asdict(p) for p in c.provenance],
+        "pool": c.pool.to_json(),
         "times_bid": [[o, t, n] for (o, t), n in sorted(c._times_bid.items())],
         "deliveries": [[o, t, n] for (o, t), n in sorted(c.transfers.deliveries.items())],
         "value": dict(c.value),
@@ -147,6 +150,7 @@ def restore_curator(
     c._labels = [float(v) for v in snapshot["labels"]]
     c._members = {(o, int(t)) for o, t in snapshot["members"]}
     c.provenance = [Provenance(**p) for p in snapshot["provenance"]]
+    c.pool = PurchasedPool.from_json(snapshot.get("pool", []))  # older journals: none kept
     c._times_bid = {(o, int(t)): int(n) for o, t, n in snapshot["times_bid"]}
     c.transfers = TransferCounter({(o, int(t)): int(n) for o, t, n in snapshot["deliveries"]})
     c.value = {k: float(v) for k, v in snapshot["value"].items()}

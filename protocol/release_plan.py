@@ -4,7 +4,9 @@
 run: the validation set's whole budget goes to its one Gaussian release; the owners' budget to
 the auction and the summary releases, with noise multipliers solved numerically with the same
 PLD ledger that later reports the run, so the reported epsilon cannot exceed the plan.
-:func:`dimension_rule` picks d from m and the validation noise.
+:func:`dimension_rule` picks d from m and the validation noise. With ``select`` the plan adds
+exploration epochs and the curator's exact final selection (protocol/selection.py): neither is
+an event in any ledger, so the split is unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.releases import SUMMARY_RELEASES
 
 __all__ = [
+    "EXPLORE_SHARE",
     "HERDING_ASCENT_STEPS",
     "NOMINAL_EPS_AUCTION",
     "ReleasePlan",
@@ -29,6 +32,9 @@ __all__ = [
 HERDING_ASCENT_STEPS = 30
 """Gradient steps per herding point in the plan (:class:`HerdingChannel`); on the digits split
 they raised the gap closed at every p in {50, 100, 200} over 16 seeds (benchmarks/utility.py)."""
+
+EXPLORE_SHARE = 1.0
+"""Exploration points per summary point under ``select`` (:func:`plan_releases`)."""
 
 NOMINAL_EPS_AUCTION = 1e-6
 """eps_auc charged per epoch when tau = 1 forces every bidder to be asked (the asked bit is then
@@ -101,6 +107,8 @@ class ReleasePlan:
     neighbouring: str = "add_remove"
     max_deliveries: int = 3
     herding_ascent_steps: int = 0
+    final_selection: str = "none"
+    explore_share: float = 0.0
 
     def overrides(self) -> dict[str, Any]:
         """Keyword arguments for ``dataclasses.replace(CuratorParams(...), **overrides)``."""
@@ -115,6 +123,8 @@ class ReleasePlan:
             neighbouring=self.neighbouring,
             max_deliveries=self.max_deliveries,
             herding_ascent_steps=self.herding_ascent_steps,
+            final_selection=self.final_selection,
+            explore_share=self.explore_share,
         )
         return out
 
@@ -141,6 +151,8 @@ def plan_releases(
     replace: bool = False,
     d_bounds: tuple[int, int] = (64, 256),
     auction_share: float = 0.5,
+    select: bool = False,
+    explore_share: float = EXPLORE_SHARE,
 ) -> ReleasePlan:
     """Split (eps_owner, eps_validation) at delta between the mechanisms that run.
 
@@ -153,19 +165,27 @@ def plan_releases(
     the composed PLD epsilon within eps_owner. "herding" costs owners nothing; it withdraws a
     point after one delivery (``max_deliveries = 1``, module docstring), the others after three,
     and moves each virtual point by :data:`HERDING_ASCENT_STEPS` gradient steps.
+
+    ``select``: oversample, then select (protocol/selection.py): the run opens with
+    ``ceil(explore_share p / n_owners)`` exploration epochs (every owner asked for a uniformly
+    drawn point: about ``explore_share p`` points, no ledger event) and returns the p purchased
+    points exact greedy picks against D_v (no ledger event: never sent to an owner).
     """
     if summary not in SUMMARY_RELEASES[1:] or auction not in ("all", "pure"):
         raise ValueError(f"summary must be gaussian, tree or herding and auction all or pure, got "
                          f"{summary!r}, {auction!r}")  # fmt: skip
     if p < 2 or m < 1 or n_owners < 1 or not (0 < auction_share < 1):
         raise ValueError("need p >= 2, m >= 1, n_owners >= 1, 0 < auction_share < 1")
+    if not (math.isfinite(explore_share) and explore_share >= 0):
+        raise ValueError(f"explore_share must be a finite number >= 0, got {explore_share!r}")
     sensitivity = 2.0 if replace else 1.0
     clip = 1.1
     z_v = gaussian_noise_multiplier(eps_validation * (1.0 - 1e-4), delta)  # PLD round-off margin
     d = dimension_rule(m, z_v, clip * sensitivity, d_bounds)
     clip = min(math.sqrt(2.0), 1.0 + 2.0 / math.sqrt(2.0 * d))  # 4 sd of ||h1|| above 1
     delta_l2 = clip * sensitivity
-    epochs = 2 * p + 10
+    explore = math.ceil(explore_share * p / n_owners) if select else 0
+    epochs = 2 * p + 10  # auction steps: exploration epochs run no auction
     events = {"gaussian": p - 1, "tree": (p - 1).bit_length(), "herding": 0}[summary]
     if auction == "all":
         tau, eps_auc = 1, NOMINAL_EPS_AUCTION
@@ -187,7 +207,9 @@ def plan_releases(
     relation = "replace" if replace else "add_remove"
     herding = summary == "herding"
     return ReleasePlan(
-        d, clip, z_v, summary, z_s, "pure", eps_auc, tau, epochs, events, relation,
+        d, clip, z_v, summary, z_s, "pure", eps_auc, tau, epochs + explore, events, relation,
         max_deliveries=1 if herding else 3,
         herding_ascent_steps=HERDING_ASCENT_STEPS if herding else 0,
+        final_selection="exact" if select else "none",
+        explore_share=explore_share if select else 0.0,
     )  # fmt: skip

@@ -49,6 +49,15 @@ digits split most of the summary then came from the wrong digits). :func:`plan_r
 therefore sets ``max_deliveries = 1`` for herding: an owner withdraws a point once delivered,
 a decision on what it already saw (being asked), so it costs no privacy.
 
+Herding's limit, and what lifts it: every steering broadcast is a function of g_tilde, whose
+noise on the digits split (m = 32, eps 3) is as large as its signal, so herding steers most
+owners toward the mode of the target. Even greedy over *all* pooled points toward the noisy
+g_tilde closes only 0.62 of the uniform-to-greedy gap there at p = 50 (15 seeds,
+benchmarks/steering_ceiling.py), whatever the steering. The curator, though, holds D_v
+exactly, and its final choice among the points it bought is never sent to an owner:
+protocol/selection.py ("oversample, then select") keeps every delivered point and returns the
+p that exact greedy picks, with a share of exploration epochs so that the pool is not all mode.
+
 Planning (protocol/release_plan.py, ``plan_releases``): the validation set's whole budget goes
 to its one release; each owner's budget is shared by the summary releases (if any) and the
 auction, and the split is solved numerically with the same PLD ledger that later reports the

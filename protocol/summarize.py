@@ -18,6 +18,9 @@ A kept point therefore keeps its high bid and could be bid and refused (as a dup
 stalling the run; so an owner withdraws a point after delivering it ``max_deliveries`` times.
 That decision uses only what the owner already saw (being asked), so it costs no privacy.
 
+Exploration epochs (``EpochBody.explore``, protocol/selection.py): the owner bids a biddable
+point drawn by a generator seeded with public values only, scored as usual; every bidder is asked.
+
 Deadlines: a phase's deadline is armed at the first ``expire(now)`` after it opens and fires at
 ``now >= armed + phase_timeout``; owners that have not answered by then count as dropped for that
 epoch and the phase continues without them. An epoch that adds nothing (nobody asked, every
@@ -45,6 +48,7 @@ from dpmarket.protocol.hashing import RandomFourierFeatures
 from dpmarket.protocol.messages import Message
 from dpmarket.protocol.objective import bid_direction
 from dpmarket.protocol.parties import Handler, Outbox, body_of, dispatch
+from dpmarket.protocol.selection import exploration_generator
 from dpmarket.protocol.summary_messages import (
     AskBody,
     BidBody,
@@ -196,7 +200,11 @@ class Owner:
         # winner's bid in float64 within its verification tolerance)
         direction = bid_direction(self._g_validation, g, body.summary_size)
         bids = np.where(biddable, direction.astype(np.float32) @ store.HT, -np.inf)
-        token = int(np.argmax(bids))
+        if body.explore:  # a uniform draw by a public generator (protocol/selection.py)
+            draw = exploration_generator(self._setup.h1_seed, msg.round, self.name)
+            token = int(draw.choice(np.flatnonzero(biddable)))
+        else:
+            token = int(np.argmax(bids))
         self._bids = {token: float(bids[token])}
         return [self._out.make(msg.sender, msg.round, BidBody(token, float(bids[token])))]
 

@@ -59,10 +59,13 @@ class ValidationBody(Body):
 @dataclass(frozen=True, slots=True)
 class EpochBody(Body):
     """Curator -> owner: epoch l opens; g_summary estimates the mean of h1 over the summary S
-    (seed removed), ``summary_size`` is q = |S|."""
+    (seed removed), ``summary_size`` is q = |S|. ``explore`` (added later, optional): bid a
+    point drawn uniformly by the public exploration generator instead of the best one
+    (protocol/selection.py)."""
 
     g_summary: Array
     summary_size: int
+    explore: bool = False
 
 
 @register("summary.bid")

@@ -18,6 +18,7 @@ from dpmarket.actors.evaluate import (
     utility_json,
     utility_main,
     utility_scenario,
+    utility_table,
 )
 from dpmarket.actors.runner import run_inprocess
 from dpmarket.protocol.objective import greedy_exact, mmd2, uniform_sample
@@ -27,6 +28,7 @@ DELTA = 1e-5
 KEYS = [
     "dataset", "mechanism", "p", "gap_closed", "mmd2_private", "mmd2_greedy", "mmd2_uniform",
     "svm_private", "svm_uniform", "svm_greedy", "eps_owner", "eps_validation", "delta",
+    "points_accessed", "mmd2_uniform_select", "svm_uniform_select",
 ]  # fmt: skip
 
 
@@ -90,6 +92,18 @@ def test_rows_and_json_carry_the_issue_keys() -> None:
     assert line["benchmark"] == "utility" and [list(r) for r in line["rows"]] == [KEYS, KEYS]
 
 
+def test_select_rows_carry_the_random_purchase_baseline_of_the_same_size() -> None:
+    rows = evaluate_utility(["digits"], ["herding", "herding-select"], [10], [0], (1.0, 3.0, DELTA))
+    plain, selected = rows
+    assert plain["mmd2_uniform_select"] is None and plain["svm_uniform_select"] is None
+    assert selected["eps_owner"] <= 1.0 and selected["eps_validation"] <= 3.0
+    # ceil(10 / 5) exploration epochs of 5 owners, then 5 deliveries per steering epoch
+    assert selected["points_accessed"] == 10 + 5 * 10
+    assert selected["mmd2_uniform_select"] < selected["mmd2_uniform"]
+    assert selected["mmd2_private"] < plain["mmd2_private"]
+    assert "random-buy select" in utility_table(rows)[0]
+
+
 def test_utility_command_prints_the_table_then_the_json(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -109,7 +123,9 @@ def test_configs_default_to_the_planned_herding_mechanism_within_the_budgets() -
     market = load_market_config(configs / "digits.toml").curator_params(scenario.gamma)
     for params in (evaluated, market):
         assert params.validation_sigma >= planned.validation_sigma
-        for key in ("d", "validation_release", "summary_release", "tau", "max_deliveries"):
+        keys = ("d", "validation_release", "summary_release", "tau", "max_deliveries",
+                "final_selection", "explore_share")  # fmt: skip
+        for key in keys:
             assert getattr(params, key) == getattr(planned, key), key
     assert evaluated.candidate_distribution == "uniform"  # the pixel domain [0, 1]^64
     res = run_inprocess(scenario, dataclasses.replace(evaluated, p=20),

@@ -86,10 +86,13 @@ def test_above_t_refuses_leaves_nothing_partial_and_resumes(tmp_path: Path) -> N
     report = json.loads((out / "report.json").read_text())
     assert report["outcome"]["state"] == "done" and report["parsimony"]["summary_size"] == 12
     # every release charged exactly once across the resume: one validation release, one
-    # auction step per epoch
+    # auction step per epoch but the exploration epochs (ceil(12 / 4), no auction)
     events = report["privacy"]["parties"]["owner-1"]["events"]["events"]
     steps = sum(e["count"] for e in events if e["label"] == "auction step")
-    assert steps == report["outcome"]["epochs"]
+    assert report["outcome"]["exploration_epochs"] == 3
+    assert steps == report["outcome"]["epochs"] - 3
+    assert report["parsimony"]["final_selection"] == "exact"
+    assert report["parsimony"]["purchased_pool"] == report["parsimony"]["distinct_points"]
     events = report["privacy"]["parties"]["validation"]["events"]["events"]
     assert [(e["label"], e["count"]) for e in events] == [("gaussian(validation mean)", 1)]
 
