@@ -11,7 +11,9 @@
 - ``parsimony``: distinct points accessed, total transfers, rho = (distinct + m) / (p + m),
   ``final_selection`` ("exact": the summary is the exact-greedy choice among the
   ``purchased_pool`` verified deliveries, protocol/selection.py; "none": the epoch winners).
-- ``value``: sum of winning marginal gains per owner (value attribution).
+- ``value``: sum of winning marginal gains per owner (value attribution). Under
+  ``final_selection = "exact"`` these are exact gains against D_v: for the consumer only; paying
+  owners by them would release a function of D_v to the owners (pay per delivery instead).
 - ``faults``: owners lost (epoch), frames late, deliveries rejected; ``verdicts``: per simulated
   fault whether it was tolerated (and how), not triggered, with the T budget used.
 - ``timings``: seconds per phase.

@@ -278,7 +278,9 @@ class Curator:
         """The summary: the epoch winners, or (``final_selection = "exact"``) the pool points
         exact greedy picks against D_v (computed once the run is done, then kept)."""
         if self.params.final_selection == "exact" and len(self.pool):
-            if self._final is None or self.state != "done":
+            if self.state != "done":  # a refused run may still resume: nothing kept
+                return self._selected_result()
+            if self._final is None:
                 self._final = self._selected_result()
             return self._final
         return self._winners_result()
@@ -332,7 +334,7 @@ class Curator:
 
     def _open_epoch(self, g_summary: F64) -> list[Message]:
         number = self.epoch.number + 1
-        if number > self.params.epoch_limit:
+        if number - self.params.explore_epochs(len(self.owners)) > self.params.epoch_limit:
             return self._finish("epoch limit reached")
         self.epoch = _Epoch(number, g_summary, len(self.provenance))
         self.state, self.checkpoint_due = "bidding", True

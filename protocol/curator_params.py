@@ -46,7 +46,7 @@ class CuratorParams:
     auction_variant: str = "paper"
     tau: int = 3
     phase_timeout: float = 5.0
-    max_epochs: int | None = None
+    max_epochs: int | None = None  # steering epochs (auction steps); exploration comes on top
     less_trusted: bool = False
     verify_tolerance: float = 1e-4
     neighbouring: str = "add_remove"
@@ -109,7 +109,9 @@ class CuratorParams:
             "herding_residual_weight": self.herding_residual_weight >= 0,
             "herding_ascent_steps": self.herding_ascent_steps >= 0,
             "final_selection": self.final_selection in FINAL_SELECTIONS,
-            "explore_share": bool(np.isfinite(self.explore_share)) and self.explore_share >= 0,
+            "explore_share": bool(np.isfinite(self.explore_share))
+            and self.explore_share >= 0
+            and (self.explore_share == 0 or self.final_selection == "exact"),
             "center, scale": (self.center is None) == (self.scale is None)
             and (self.scale is None or min(self.scale, default=1.0) > 0),
         }
@@ -131,9 +133,10 @@ class CuratorParams:
 
     @property
     def epoch_limit(self) -> int:
+        """The most steering epochs (each one auction step); exploration epochs are extra."""
         if self.max_epochs is not None:
             return self.max_epochs
-        return 4 * self.p + 10 + self.explore_epochs(1)
+        return 4 * self.p + 10
 
     def explore_epochs(self, n_owners: int) -> int:
         """Exploration epochs of a run with ``n_owners`` owners: ceil(explore_share p / K)."""

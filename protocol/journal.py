@@ -11,6 +11,9 @@ caller supplies them again (they are the consumer's and the public's data, not r
 Arrays are stored as base64 of their little-endian bytes with dtype and shape, so a restore is
 bit-exact. The snapshot is the curator's private state (it holds the summary points); it must be
 stored where only the curator can read it.
+
+Version 2 adds the purchased pool of protocol/selection.py (columns; the hashes only when the
+curator holds no points). Version 1 journals restore with a pool seeded from the summary.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.auction import TransferCounter
 from dpmarket.protocol.curator import Curator, CuratorParams
 from dpmarket.protocol.curator_state import Provenance, _Epoch
-from dpmarket.protocol.selection import PurchasedPool
+from dpmarket.protocol.selection import PoolEntry, PurchasedPool
 from dpmarket.protocol.summary_messages import (
     BidBody,
     DeliverBody,
@@ -34,7 +37,9 @@ from dpmarket.protocol.summary_messages import (
 
 __all__ = ["JOURNAL_VERSION", "restore_curator", "snapshot_curator"]
 
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2
+"""Version 2 adds the purchased pool; version 1 journals still restore (module docstring)."""
+READABLE_VERSIONS = (1, 2)
 
 
 def _arr(a: npt.NDArray[Any] | None) -> dict[str, Any] | None:
@@ -117,7 +122,7 @@ def snapshot_curator(c: Curator) -> dict[str, Any]:
         "labels": list(c._labels),
         "members": sorted([o, t] for o, t in c._members),
         "provenance": [dataclasses.asdict(p) for p in c.provenance],
-        "pool": c.pool.to_json(),
+        "pool": _pool_state(c.pool),
         "times_bid": [[o, t, n] for (o, t), n in sorted(c._times_bid.items())],
         "deliveries": [[o, t, n] for (o, t), n in sorted(c.transfers.deliveries.items())],
         "value": dict(c.value),
@@ -130,11 +135,52 @@ def snapshot_curator(c: Curator) -> dict[str, Any]:
     }
 
 
+def _pool_state(pool: PurchasedPool) -> dict[str, Any]:
+    """The pool as columns; the hashes only when there are no points (h1 recomputes them), so a
+    snapshot stays about the size of the points themselves."""
+    entries = pool.entries
+    with_points = bool(entries) and all(e.point is not None for e in entries)
+    points = np.array([e.point for e in entries], dtype=np.float64) if with_points else None
+    hashed = None if with_points else np.array([e.hashed for e in entries], dtype=np.float32)
+    return {
+        "owner": [e.owner for e in entries],
+        "token": [e.token for e in entries],
+        "epoch": [e.epoch for e in entries],
+        "bid": [e.bid for e in entries],
+        "label": [e.label for e in entries],
+        "points": _arr(points),
+        "hashed": _arr(hashed),
+    }
+
+
+def _restore_pool(c: Curator, state: dict[str, Any] | None) -> PurchasedPool:
+    """The journaled pool; a journal written before pools existed (version 1) gets one seeded
+    with the summary's winners, every purchase it still knows of."""
+    pool = PurchasedPool()
+    if state is None:
+        for i, prov in enumerate(c.provenance):
+            point = c._summary_X[i] if i < len(c._summary_X) else None
+            entry = PoolEntry(prov.owner, prov.token, prov.epoch, prov.bid, point,
+                              c._summary_H[i], c._labels[i])  # fmt: skip
+            pool.add(entry)
+        return pool
+    points = _unarr(state["points"])
+    hashed = c.h1(points) if points is not None else _unarr(state["hashed"])
+    columns = zip(state["owner"], state["token"], state["epoch"], state["bid"], state["label"],
+                  strict=True)  # fmt: skip
+    for i, (owner, token, epoch, bid, label) in enumerate(columns):
+        point = None if points is None else points[i]
+        assert hashed is not None
+        pool.add(PoolEntry(str(owner), int(token), int(epoch), float(bid), point,
+                           np.asarray(hashed[i], dtype=np.float32), float(label)))  # fmt: skip
+    return pool
+
+
 def restore_curator(
     snapshot: dict[str, Any], validation: npt.ArrayLike, seed_set: npt.ArrayLike
 ) -> Curator:
     """Rebuild the curator of ``snapshot``; call :meth:`Curator.resume` to continue the run."""
-    if snapshot.get("journal_version") != JOURNAL_VERSION:
+    if snapshot.get("journal_version") not in READABLE_VERSIONS:
         raise ValueError(f"journal: unsupported version {snapshot.get('journal_version')!r}")
     params = CuratorParams(**snapshot["params"])
     rng = np.random.Generator(np.random.PCG64())
@@ -150,7 +196,7 @@ def restore_curator(
     c._labels = [float(v) for v in snapshot["labels"]]
     c._members = {(o, int(t)) for o, t in snapshot["members"]}
     c.provenance = [Provenance(**p) for p in snapshot["provenance"]]
-    c.pool = PurchasedPool.from_json(snapshot.get("pool", []))  # older journals: none kept
+    c.pool = _restore_pool(c, snapshot.get("pool"))
     c._times_bid = {(o, int(t)): int(n) for o, t, n in snapshot["times_bid"]}
     c.transfers = TransferCounter({(o, int(t)): int(n) for o, t, n in snapshot["deliveries"]})
     c.value = {k: float(v) for k, v in snapshot["value"].items()}

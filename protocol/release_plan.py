@@ -168,8 +168,9 @@ def plan_releases(
 
     ``select``: oversample, then select (protocol/selection.py): the run opens with
     ``ceil(explore_share p / n_owners)`` exploration epochs (every owner asked for a uniformly
-    drawn point: about ``explore_share p`` points, no ledger event) and returns the p purchased
-    points exact greedy picks against D_v (no ledger event: never sent to an owner).
+    drawn point: about ``explore_share p`` points, no ledger event; they come on top of
+    ``max_epochs``, which bounds the steering epochs whatever K turns out to be) and returns the
+    p purchased points exact greedy picks against D_v (no ledger event: never sent to an owner).
     """
     if summary not in SUMMARY_RELEASES[1:] or auction not in ("all", "pure"):
         raise ValueError(f"summary must be gaussian, tree or herding and auction all or pure, got "
@@ -184,8 +185,7 @@ def plan_releases(
     d = dimension_rule(m, z_v, clip * sensitivity, d_bounds)
     clip = min(math.sqrt(2.0), 1.0 + 2.0 / math.sqrt(2.0 * d))  # 4 sd of ||h1|| above 1
     delta_l2 = clip * sensitivity
-    explore = math.ceil(explore_share * p / n_owners) if select else 0
-    epochs = 2 * p + 10  # auction steps: exploration epochs run no auction
+    epochs = 2 * p + 10  # steering epochs, one auction step each (exploration: none, extra)
     events = {"gaussian": p - 1, "tree": (p - 1).bit_length(), "herding": 0}[summary]
     if auction == "all":
         tau, eps_auc = 1, NOMINAL_EPS_AUCTION
@@ -207,7 +207,7 @@ def plan_releases(
     relation = "replace" if replace else "add_remove"
     herding = summary == "herding"
     return ReleasePlan(
-        d, clip, z_v, summary, z_s, "pure", eps_auc, tau, epochs + explore, events, relation,
+        d, clip, z_v, summary, z_s, "pure", eps_auc, tau, epochs, events, relation,
         max_deliveries=1 if herding else 3,
         herding_ascent_steps=HERDING_ASCENT_STEPS if herding else 0,
         final_selection="exact" if select else "none",

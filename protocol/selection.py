@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -140,39 +139,13 @@ class PurchasedPool:
             X, V = (X - center) / scale, (V - center) / scale
         return X, V
 
-    def to_json(self) -> list[dict[str, Any]]:
-        """JSON-safe entries (the journal stores the pool with the rest of the curator)."""
-        return [
-            {
-                "owner": e.owner,
-                "token": e.token,
-                "epoch": e.epoch,
-                "bid": e.bid,
-                "point": None if e.point is None else e.point.tolist(),
-                "hashed": e.hashed.tolist(),
-                "label": e.label,
-            }
-            for e in self.entries
-        ]
-
-    @classmethod
-    def from_json(cls, rows: list[dict[str, Any]]) -> PurchasedPool:
-        pool = cls()
-        for r in rows:
-            point = None if r["point"] is None else np.asarray(r["point"], dtype=np.float64)
-            hashed = np.asarray(r["hashed"], dtype=np.float32)
-            entry = PoolEntry(
-                str(r["owner"]), int(r["token"]), int(r["epoch"]), float(r["bid"]), point,
-                hashed, float(r["label"]),
-            )  # fmt: skip
-            pool.add(entry)
-        return pool
-
 
 def prefix_gains(X: npt.ArrayLike, V: npt.ArrayLike, gamma: float | None) -> F64:
     """``J(S_i) - J(S_{i-1})`` along the rows of X (S_i its first i rows; J(empty) = 0), Eq. 3.
 
-    ``gamma`` None: X and V are h1 hashes and the kernel is their inner product.
+    ``gamma`` None: X and V are h1 hashes and the kernel is their inner product with the RBF
+    self-kernel 1 on the diagonal (the criterion ``greedy_hashed`` picks by). A gain can be
+    negative: a point far from D_v lowers J.
     """
     S = np.asarray(X, dtype=np.float64)
     T = np.asarray(V, dtype=np.float64)
@@ -180,6 +153,7 @@ def prefix_gains(X: npt.ArrayLike, V: npt.ArrayLike, gamma: float | None) -> F64
         return np.zeros(0)
     if gamma is None:
         K, cross = S @ S.T, S @ T.mean(axis=0)
+        np.fill_diagonal(K, 1.0)
     else:
         K, cross = rbf_gram(S, S, gamma), rbf_gram(S, T, gamma).mean(axis=1)
     n = np.arange(1, len(S) + 1, dtype=np.float64)

@@ -25,7 +25,7 @@ Deadlines: a phase's deadline is armed at the first ``expire(now)`` after it ope
 ``now >= armed + phase_timeout``; owners that have not answered by then count as dropped for that
 epoch and the phase continues without them. An epoch that adds nothing (nobody asked, every
 delivery failed verification) repeats with the *same* release (no new privacy cost); the run stops
-after ``max_epochs`` epochs in any case.
+after ``max_epochs`` steering epochs (plus any exploration epochs) in any case.
 
 Transition tables
 -----------------

@@ -66,15 +66,13 @@ def _entry(owner: str, token: int, x: list[float]) -> PoolEntry:
 
 
 # ------------------------------------------------------------------------------- the pool
-def test_pool_keeps_each_owner_token_once_and_round_trips_through_json() -> None:
+def test_pool_keeps_each_owner_token_once() -> None:
     pool = PurchasedPool()
     assert pool.add(_entry("owner-1", 3, [0.0, 1.0]))
     assert not pool.add(_entry("owner-1", 3, [9.0, 9.0]))  # the same point, delivered again
     assert pool.add(_entry("owner-2", 3, [1.0, 0.0]))
-    assert len(pool) == 2
-    again = PurchasedPool.from_json(json.loads(json.dumps(pool.to_json())))
-    assert [(e.owner, e.token) for e in again.entries] == [("owner-1", 3), ("owner-2", 3)]
-    np.testing.assert_array_equal(again.entries[0].point, [0.0, 1.0])
+    assert [(e.owner, e.token) for e in pool.entries] == [("owner-1", 3), ("owner-2", 3)]
+    np.testing.assert_array_equal(pool.entries[0].point, [0.0, 1.0])
 
 
 def test_select_is_exact_greedy_over_the_pool_in_both_trust_modes() -> None:
@@ -146,9 +144,12 @@ def test_exploration_draws_are_uniform_over_an_owners_records() -> None:
 
 
 def test_exploration_epochs_ask_everybody_and_charge_nothing(scenario: Scenario) -> None:
-    params = _select(scenario)
+    params = _select(scenario, tau=2)  # steering epochs ask at most about two owners
     curator = small_curator(RUN, scenario, params, 3)
     _drive(curator, _owners(scenario))
+    steering_epochs = range(3, curator.epoch.number + 1)
+    asked = [len({e.owner for e in curator.pool.entries if e.epoch == n}) for n in steering_epochs]
+    assert np.mean(asked) < len(scenario.owners) - 1  # the auction usually asks fewer than all
     explore = params.explore_epochs(len(scenario.owners))
     assert explore == 2  # ceil(1.0 * 8 / 4)
     explored = [e for e in curator.pool.entries if e.epoch <= explore]
@@ -181,50 +182,116 @@ def test_final_selection_is_exact_greedy_over_every_purchased_point(scenario: Sc
     assert curator.result() is curator.result()  # computed once the run is done
 
 
-def test_owners_receive_the_same_bytes_with_or_without_the_final_selection(
+def test_final_selection_uses_the_standardised_coordinates_h1_hashes(scenario: Scenario) -> None:
+    X_all = np.concatenate([X for X, _ in scenario.owners])
+    center, scale = X_all.mean(axis=0), 2.0 * X_all.std(axis=0)
+    curator = small_curator(RUN, scenario, _select(scenario), 5)
+    curator.standardize(center, scale, 0.3)
+    _drive(curator, _owners(scenario))
+    res = curator.result()
+    X = np.array([e.point for e in curator.pool.entries])
+    V = (scenario.validation - center) / scale
+    expected = greedy_exact((X - center) / scale, V, 8, 0.3)
+    np.testing.assert_array_equal(res.points, X[expected])
+    assert not np.array_equal(expected, greedy_exact(X, scenario.validation, 8, 0.3))
+
+
+def test_owner_frames_do_not_depend_on_d_v_beyond_the_release(
+    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The selection reads D_v exactly; its privacy rests on owners never seeing it. With the
+    one release g_tilde held fixed, two different validation sets give owners byte-identical
+    frames and ledgers, and different summaries."""
+    from dpmarket.protocol import curator as curator_module
+
+    def fixed_release(H: object, params: CuratorParams, ledger: object, rng: object) -> object:
+        ledger.gaussian(1.0, 1.0, label="gaussian(validation mean)")  # type: ignore[attr-defined]
+        return np.full(params.d, 0.1)
+
+    monkeypatch.setattr(curator_module, "release_validation", fixed_release)
+    params = _select(scenario, tau=2)
+    runs = []
+    for validation in (scenario.validation, scenario.test_X[:40]):
+        seen: list[Message] = []
+        curator = Curator(RUN, list(scenario.owner_names), validation, scenario.seed_set,
+                          params, np.random.default_rng(6))  # fmt: skip
+        _drive(curator, _owners(scenario), seen)
+        owners = {o: curator.ledgers[o].to_dict() for o in scenario.owner_names}
+        runs.append(([encode(m) for m in seen], owners, curator.result()))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] == runs[1][1]
+    assert [(p.owner, p.token) for p in runs[0][2].provenance] != [
+        (p.owner, p.token) for p in runs[1][2].provenance
+    ]
+
+
+def test_a_refused_run_reports_its_selection_so_far_and_the_resumed_one_its_final(
     scenario: Scenario,
 ) -> None:
-    """The selection reads D_v exactly; its privacy rests on owners never seeing it."""
-    runs = []
-    for final in ("none", "exact"):
-        seen: list[Message] = []
-        curator = small_curator(RUN, scenario, _select(scenario, final_selection=final), 6)
-        _drive(curator, _owners(scenario), seen)
-        runs.append(([encode(m) for m in seen], curator))
-    assert runs[0][0] == runs[1][0]
-    plain, selected = runs[0][1].result(), runs[1][1].result()
-    assert [e.to_dict() for e in plain.ledgers["validation"].events] == [
-        e.to_dict() for e in selected.ledgers["validation"].events
-    ]
-    assert {(p.owner, p.token) for p in plain.provenance} != {
-        (p.owner, p.token) for p in selected.provenance
-    }
-
-
-def test_journal_keeps_the_pool_and_a_resumed_run_selects_the_same(scenario: Scenario) -> None:
     names = list(scenario.owner_names)
-    params = _select(scenario, max_lost=1)
-    reference = small_curator(RUN, scenario, params, 8)
-    _drive(reference, _owners(scenario))
-
-    curator = small_curator(RUN, scenario, params, 8)
+    curator = small_curator(RUN, scenario, _select(scenario, max_lost=1), 9)
     transport = LoopbackTransport(
-        [curator, *_owners(scenario)], faults=FaultPlan(kill_at={names[0]: 5, names[1]: 5})
+        [curator, *_owners(scenario)], faults=FaultPlan(kill_at={names[0]: 4, names[1]: 4})
     )
     transport.send(curator.start())
     transport.run_until(lambda: curator.state in ("done", "refused"))
-    assert curator.state == "refused" and len(curator.pool) > 0
+    early = curator.result()
+    assert curator.state == "refused" and "refused" in early.reason
+    transport = LoopbackTransport([curator, *_owners(scenario)])
+    transport.send(curator.resume())
+    transport.run_until(lambda: curator.done)
+    final = curator.result()
+    assert final.reason == "complete" and final.epochs > early.epochs
+    assert len(final.provenance) == 8
+
+
+def test_a_run_refused_while_exploring_resumes_from_its_journal(scenario: Scenario) -> None:
+    names = list(scenario.owner_names)
+    params = _select(scenario, max_lost=1, p=12)  # ceil(12 / 4) = 3 exploration epochs
+    curator = small_curator(RUN, scenario, params, 8)
+    transport = LoopbackTransport(
+        [curator, *_owners(scenario)], faults=FaultPlan(kill_at={names[0]: 2, names[1]: 2})
+    )
+    transport.send(curator.start())
+    transport.run_until(lambda: curator.state in ("done", "refused"))
+    assert curator.state == "refused" and curator.epoch.number == 2  # mid-exploration
+    before = [(e.owner, e.token) for e in curator.pool.entries]
+    assert len(before) == len(names)  # epoch 1: one uniform draw from every owner
     snap = json.loads(json.dumps(snapshot_curator(curator)))
+    assert snap["pool"]["hashed"] is None  # points held: h1 recomputes the hashes
     resumed = restore_curator(snap, scenario.validation, scenario.seed_set)
-    assert [(e.owner, e.token) for e in resumed.pool.entries] == [
-        (e.owner, e.token) for e in curator.pool.entries
-    ]
+    assert [(e.owner, e.token) for e in resumed.pool.entries] == before
+    for old, new in zip(curator.pool.entries, resumed.pool.entries, strict=True):
+        np.testing.assert_array_equal(old.hashed, new.hashed)
     transport = LoopbackTransport([resumed, *_owners(scenario)])
     transport.send(resumed.resume())
     transport.run_until(lambda: resumed.done)
-    assert resumed.result().points is not None and len(resumed.result().provenance) == 8
-    snap.pop("pool")  # a journal written before the pool existed still restores
-    assert len(restore_curator(snap, scenario.validation, scenario.seed_set).pool) == 0
+    res = resumed.result()
+    assert res.reason == "complete" and len(res.provenance) == 12
+    keys = [(e.owner, e.token) for e in resumed.pool.entries]
+    assert keys[: len(before)] == before  # nothing bought before the refusal was lost
+    assert {e.epoch for e in resumed.pool.entries if e.epoch <= 3} == {1, 2, 3}
+    X = np.array([e.point for e in resumed.pool.entries])
+    np.testing.assert_array_equal(res.points, X[greedy_exact(X, scenario.validation, 12,
+                                                             scenario.gamma)])  # fmt: skip
+    for owner in names:
+        steps = [e for e in resumed.ledgers[owner].events if e.label == "auction step"]
+        assert sum(e.count for e in steps) == resumed.epoch.number - 3
+
+
+def test_a_version_1_journal_seeds_the_pool_with_the_summary(scenario: Scenario) -> None:
+    curator = small_curator(RUN, scenario, _select(scenario), 10)
+    _drive(curator, _owners(scenario))
+    snap = json.loads(json.dumps(snapshot_curator(curator)))
+    snap.pop("pool")
+    snap["journal_version"] = 1  # written before the pool existed
+    restored = restore_curator(snap, scenario.validation, scenario.seed_set)
+    assert [(e.owner, e.token) for e in restored.pool.entries] == [
+        (p.owner, p.token) for p in curator.provenance
+    ]
+    snap["journal_version"] = 3
+    with pytest.raises(ValueError, match="unsupported version 3"):
+        restore_curator(snap, scenario.validation, scenario.seed_set)
 
 
 # ------------------------------------------------------------------------ bad input, plan
@@ -234,7 +301,14 @@ def test_journal_keeps_the_pool_and_a_resumed_run_selects_the_same(scenario: Sce
 )
 def test_bad_selection_parameters_are_refused_by_name(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
-        CuratorParams(p=5, **{field: value})  # type: ignore[arg-type]
+        CuratorParams(p=5, **({"final_selection": "exact", field: value}))  # type: ignore[arg-type]
+
+
+def test_exploration_without_the_final_selection_is_refused() -> None:
+    """Exploration points are bought to be selected from; without the selection they would be
+    paid for and never used."""
+    with pytest.raises(ValueError, match="explore_share"):
+        CuratorParams(p=5, explore_share=1.0)
 
 
 def test_an_epoch_body_without_the_explore_field_decodes_as_a_steering_epoch() -> None:
@@ -246,12 +320,13 @@ def test_an_epoch_body_without_the_explore_field_decodes_as_a_steering_epoch() -
     assert isinstance(msg.body, EpochBody) and msg.body.explore is False
 
 
-def test_plan_with_select_adds_exploration_epochs_but_no_owner_event() -> None:
-    plain = plan_releases(100, 32, 5)
-    selected = plan_releases(100, 32, 5, select=True)
+@pytest.mark.parametrize(("summary", "auction"), [("herding", "all"), ("gaussian", "pure")])
+def test_plan_with_select_changes_no_owner_event(summary: str, auction: str) -> None:
+    plain = plan_releases(100, 32, 5, summary=summary, auction=auction)
+    selected = plan_releases(100, 32, 5, summary=summary, auction=auction, select=True)
     assert selected.final_selection == "exact" and selected.explore_share == 1.0
-    assert selected.max_epochs == plain.max_epochs + 20  # ceil(100 / 5) exploration epochs
-    assert dataclasses.replace(selected, final_selection="none", explore_share=0.0,
-                               max_epochs=plain.max_epochs) == plain  # fmt: skip
+    assert dataclasses.replace(selected, final_selection="none", explore_share=0.0) == plain
+    params = CuratorParams(p=100, **selected.overrides())
+    assert params.explore_epochs(5) == 20 and params.epoch_limit == plain.max_epochs
     with pytest.raises(ValueError, match="explore_share"):
         plan_releases(100, 32, 5, select=True, explore_share=-0.5)
