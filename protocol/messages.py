@@ -29,6 +29,9 @@ Evolution rules (as dp_accounting's event schema)
 3. Never change what a field means or its type: add a new field or a new kind instead.
 4. ``PROTOCOL_VERSION`` changes only when the envelope itself changes; a decoder refuses other
    versions. Unknown kinds and unknown body keys are refused (strict schema).
+5. The encoder omits a field that holds its default (None or the scalar default), and the
+   decoder fills it back in; so a newer sender that does not use a field added later (rule 2)
+   still speaks to an older receiver.
 
 Bodies are registered by the modules of the parties that exchange them: :mod:`.summary_messages`
 (summarisation), :mod:`.dca_spec` (secure sum), ``streams/race_wire`` (RACE sketches). The value
@@ -188,7 +191,11 @@ def encode(msg: Message) -> bytes:
     if not isinstance(msg, Message):
         raise LocalProtocolError(f"msg: expected a Message, got {type(msg).__name__}")
     _check_body(msg.body, LocalProtocolError)
-    body = {f.name: _to_wire(getattr(msg.body, f.name)) for f in dataclasses.fields(msg.body)}  # type: ignore[arg-type]
+    body = {
+        f.name: _to_wire(getattr(msg.body, f.name))
+        for f in dataclasses.fields(msg.body)  # type: ignore[arg-type]
+        if not _at_default(f, getattr(msg.body, f.name))
+    }
     frame = {
         "v": PROTOCOL_VERSION,
         "kind": msg.kind,
@@ -203,6 +210,20 @@ def encode(msg: Message) -> bytes:
     if len(data) > MAX_FRAME_BYTES:
         raise LocalProtocolError(f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
     return data
+
+
+def _at_default(f: dataclasses.Field[Any], value: object) -> bool:
+    """True if ``value`` is the field's scalar default (or None): the encoder omits it (rule 5)."""
+    default = f.default
+    if default is dataclasses.MISSING:
+        return False
+    if default is None:
+        return value is None
+    if type(value) is not type(default) or value != default:
+        return False
+    if isinstance(value, float) and isinstance(default, float):  # -0.0 == 0.0: keep the bits
+        return math.copysign(1.0, value) == math.copysign(1.0, default)
+    return True
 
 
 def _array_from_wire(name: str, raw: object) -> Array:

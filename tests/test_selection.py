@@ -320,6 +320,19 @@ def test_an_epoch_body_without_the_explore_field_decodes_as_a_steering_epoch() -
     assert isinstance(msg.body, EpochBody) and msg.body.explore is False
 
 
+def test_a_steering_epoch_frame_carries_no_explore_key_for_older_owners() -> None:
+    """Defaults are omitted on the wire (messages.py rule 5): an owner built before the field
+    existed, which refuses unknown keys, still reads every steering epoch."""
+
+    def frame(body: EpochBody) -> dict[str, object]:
+        body_map = msgpack.unpackb(encode(Message(RUN, 4, "curator", "owner-1", 4, body)))["body"]
+        assert isinstance(body_map, dict)
+        return body_map
+
+    assert set(frame(EpochBody(np.zeros(4), 2))) == {"g_summary", "summary_size"}
+    assert frame(EpochBody(np.zeros(4), 0, explore=True))["explore"] is True
+
+
 @pytest.mark.parametrize(("summary", "auction"), [("herding", "all"), ("gaussian", "pure")])
 def test_plan_with_select_changes_no_owner_event(summary: str, auction: str) -> None:
     plain = plan_releases(100, 32, 5, summary=summary, auction=auction)
