@@ -26,7 +26,7 @@ from dpmarket.actors.refresh import PoolRefresher
 from dpmarket.actors.transport import FaultPlan, RayTransport
 from dpmarket.protocol.accounting import ADD_REMOVE, PrivacyLedger
 from dpmarket.protocol.curator import Curator, CuratorParams, SummaryResult
-from dpmarket.protocol.journal import restore_curator, snapshot_curator
+from dpmarket.protocol.journal import pool_rows, restore_curator, snapshot_curator
 from dpmarket.protocol.securesum import DcaConfig, RoundResult
 from dpmarket.streams.lsh import make_family
 from dpmarket.streams.race import PrivacyStatement, RaceRelease, RaceSketch
@@ -94,19 +94,55 @@ def _scan_summary(
     }
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to ``path`` through a temporary file and ``os.replace`` (never half a file)."""
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (never half a
+    file), fsync'd."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to ``path`` atomically (:func:`_write_atomic`)."""
+    _write_atomic(path, json.dumps(data))
+
+
+def pool_file(journal: Path) -> Path:
+    """The append-only file of purchased-pool rows beside the journal snapshot."""
+    return journal.with_name("pool.jsonl")
+
+
+def read_pool_rows(path: Path) -> list[dict[str, Any]]:
+    """Every complete row of a pool file (a torn last line from a crash is ignored)."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+def append_pool_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("a", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(row) + "\n" for row in rows)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def rewrite_pool_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Replace the pool file with exactly ``rows`` (atomically)."""
+    _write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 @ray.remote(num_cpus=0)
@@ -124,22 +160,35 @@ class CuratorActor:
         journal: str | None = None,
         snapshot: dict[str, Any] | None = None,
     ) -> None:
+        self._journal = Path(journal) if journal else None
+        self._pool_written = 0  # pool rows already in the journal's append-only pool file
         if snapshot is not None:
-            self._curator = restore_curator(snapshot, validation, seed_set)
+            rows = read_pool_rows(pool_file(self._journal)) if self._journal else None
+            self._curator = restore_curator(snapshot, validation, seed_set, rows)
+            if self._journal is not None:  # drop rows bought after the snapshot was written
+                rewrite_pool_rows(pool_file(self._journal), pool_rows(self._curator))
+                self._pool_written = len(self._curator.pool)
         else:
             rng = np.random.default_rng(seed)
             self._curator = Curator(run, owners, validation, seed_set, params, rng)
+            if self._journal is not None:  # a fresh run: no rows of an earlier run in OUT
+                pool_file(self._journal).unlink(missing_ok=True)
         self._resumed = snapshot is not None
         self._validation = np.asarray(validation, dtype=np.float64)
-        self._journal = Path(journal) if journal else None
         self._transport: RayTransport | None = None
         self._refresher: PoolRefresher | None = None
         self._refresh_task: asyncio.Task[None] | None = None
         self._crash_at: int | None = None
 
     def _checkpoint(self) -> None:
+        """Append the points bought since the last checkpoint, then rewrite the snapshot (which
+        names how many pool rows it covers): each point is written once, not per checkpoint."""
         if self._journal is not None and self._curator.checkpoint_due:
-            write_json_atomic(self._journal, snapshot_curator(self._curator))
+            rows = pool_rows(self._curator, self._pool_written)
+            if rows:
+                append_pool_rows(pool_file(self._journal), rows)
+                self._pool_written += len(rows)
+            write_json_atomic(self._journal, snapshot_curator(self._curator, pool_inline=False))
             self._curator.checkpoint_due = False
 
     async def progress(self) -> dict[str, Any]:

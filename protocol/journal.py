@@ -12,8 +12,9 @@ Arrays are stored as base64 of their little-endian bytes with dtype and shape, s
 bit-exact. The snapshot is the curator's private state (it holds the summary points); it must be
 stored where only the curator can read it.
 
-Version 2 adds the purchased pool of protocol/selection.py (columns; the hashes only when the
-curator holds no points). Version 1 journals restore with a pool seeded from the summary.
+Version 2 adds the purchased pool of protocol/selection.py, inline or (for long runs) as rows
+the caller appends to a file of its own (:func:`pool_rows`), so a checkpoint does not rewrite
+every point bought so far. Version 1 journals restore with a pool seeded from the summary.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from dpmarket.protocol.summary_messages import (
     DeliverBody,
 )
 
-__all__ = ["JOURNAL_VERSION", "restore_curator", "snapshot_curator"]
+__all__ = ["JOURNAL_VERSION", "pool_rows", "restore_curator", "snapshot_curator"]
 
 JOURNAL_VERSION = 2
 """Version 2 adds the purchased pool; version 1 journals still restore (module docstring)."""
@@ -101,8 +102,12 @@ def _restore_epoch(d: dict[str, Any]) -> _Epoch:
     return ep
 
 
-def snapshot_curator(c: Curator) -> dict[str, Any]:
-    """Everything needed to continue ``c`` exactly where it stands (JSON-safe)."""
+def snapshot_curator(c: Curator, pool_inline: bool = True) -> dict[str, Any]:
+    """Everything needed to continue ``c`` exactly where it stands (JSON-safe).
+
+    ``pool_inline=False`` records only how many pool rows the snapshot covers; the caller keeps
+    the rows (:func:`pool_rows`) elsewhere and hands them to :func:`restore_curator`.
+    """
     mwem = c._h2
     return {
         "journal_version": JOURNAL_VERSION,
@@ -122,7 +127,7 @@ def snapshot_curator(c: Curator) -> dict[str, Any]:
         "labels": list(c._labels),
         "members": sorted([o, t] for o, t in c._members),
         "provenance": [dataclasses.asdict(p) for p in c.provenance],
-        "pool": _pool_state(c.pool),
+        "pool": {"count": len(c.pool), **({"rows": pool_rows(c)} if pool_inline else {})},
         "times_bid": [[o, t, n] for (o, t), n in sorted(c._times_bid.items())],
         "deliveries": [[o, t, n] for (o, t), n in sorted(c.transfers.deliveries.items())],
         "value": dict(c.value),
@@ -135,25 +140,28 @@ def snapshot_curator(c: Curator) -> dict[str, Any]:
     }
 
 
-def _pool_state(pool: PurchasedPool) -> dict[str, Any]:
-    """The pool as columns; the hashes only when there are no points (h1 recomputes them), so a
-    snapshot stays about the size of the points themselves."""
-    entries = pool.entries
-    with_points = bool(entries) and all(e.point is not None for e in entries)
-    points = np.array([e.point for e in entries], dtype=np.float64) if with_points else None
-    hashed = None if with_points else np.array([e.hashed for e in entries], dtype=np.float32)
-    return {
-        "owner": [e.owner for e in entries],
-        "token": [e.token for e in entries],
-        "epoch": [e.epoch for e in entries],
-        "bid": [e.bid for e in entries],
-        "label": [e.label for e in entries],
-        "points": _arr(points),
-        "hashed": _arr(hashed),
-    }
+def pool_rows(c: Curator, start: int = 0) -> list[dict[str, Any]]:
+    """JSON-safe rows of the purchased pool from entry ``start`` on, in purchase order. A row
+    holds the hash only when it has no point (h1 recomputes it on restore). Entries are never
+    changed once bought, so a journal may keep the rows in an append-only file
+    (``snapshot_curator(c, pool_inline=False)``) instead of rewriting them at every checkpoint."""
+    return [
+        {
+            "owner": e.owner,
+            "token": e.token,
+            "epoch": e.epoch,
+            "bid": e.bid,
+            "label": e.label,
+            "point": _arr(e.point),
+            "hashed": _arr(e.hashed) if e.point is None else None,
+        }
+        for e in c.pool.entries[start:]
+    ]
 
 
-def _restore_pool(c: Curator, state: dict[str, Any] | None) -> PurchasedPool:
+def _restore_pool(
+    c: Curator, state: dict[str, Any] | None, rows: list[dict[str, Any]] | None
+) -> PurchasedPool:
     """The journaled pool; a journal written before pools existed (version 1) gets one seeded
     with the summary's winners, every purchase it still knows of."""
     pool = PurchasedPool()
@@ -164,22 +172,30 @@ def _restore_pool(c: Curator, state: dict[str, Any] | None) -> PurchasedPool:
                               c._summary_H[i], c._labels[i])  # fmt: skip
             pool.add(entry)
         return pool
-    points = _unarr(state["points"])
-    hashed = c.h1(points) if points is not None else _unarr(state["hashed"])
-    columns = zip(state["owner"], state["token"], state["epoch"], state["bid"], state["label"],
-                  strict=True)  # fmt: skip
-    for i, (owner, token, epoch, bid, label) in enumerate(columns):
-        point = None if points is None else points[i]
-        assert hashed is not None
-        pool.add(PoolEntry(str(owner), int(token), int(epoch), float(bid), point,
-                           np.asarray(hashed[i], dtype=np.float32), float(label)))  # fmt: skip
+    count = int(state["count"])
+    kept = state.get("rows", rows)
+    if kept is None or len(kept) < count:
+        have = "none" if kept is None else len(kept)
+        raise ValueError(f"journal: the snapshot covers {count} pool rows, {have} given")
+    for row in kept[:count]:  # rows appended after the snapshot are not part of it
+        point = _unarr(row["point"])
+        hashed = c.h1(point) if point is not None else _need(row["hashed"])
+        pool.add(PoolEntry(str(row["owner"]), int(row["token"]), int(row["epoch"]),
+                           float(row["bid"]), point, np.asarray(hashed, dtype=np.float32),
+                           float(row["label"])))  # fmt: skip
     return pool
 
 
 def restore_curator(
-    snapshot: dict[str, Any], validation: npt.ArrayLike, seed_set: npt.ArrayLike
+    snapshot: dict[str, Any],
+    validation: npt.ArrayLike,
+    seed_set: npt.ArrayLike,
+    pool_rows: list[dict[str, Any]] | None = None,
 ) -> Curator:
-    """Rebuild the curator of ``snapshot``; call :meth:`Curator.resume` to continue the run."""
+    """Rebuild the curator of ``snapshot``; call :meth:`Curator.resume` to continue the run.
+
+    ``pool_rows``: the pool rows kept outside a ``pool_inline=False`` snapshot (at least as
+    many as it covers; later ones are ignored)."""
     if snapshot.get("journal_version") not in READABLE_VERSIONS:
         raise ValueError(f"journal: unsupported version {snapshot.get('journal_version')!r}")
     params = CuratorParams(**snapshot["params"])
@@ -196,7 +212,7 @@ def restore_curator(
     c._labels = [float(v) for v in snapshot["labels"]]
     c._members = {(o, int(t)) for o, t in snapshot["members"]}
     c.provenance = [Provenance(**p) for p in snapshot["provenance"]]
-    c.pool = _restore_pool(c, snapshot.get("pool"))
+    c.pool = _restore_pool(c, snapshot.get("pool"), pool_rows)
     c._times_bid = {(o, int(t)): int(n) for o, t, n in snapshot["times_bid"]}
     c.transfers = TransferCounter({(o, int(t)): int(n) for o, t, n in snapshot["deliveries"]})
     c.value = {k: float(v) for k, v in snapshot["value"].items()}

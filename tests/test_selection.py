@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import msgpack
 import numpy as np
 import pytest
 from scipy import stats
 
+from dpmarket.actors.curator import append_pool_rows, pool_file, read_pool_rows, rewrite_pool_rows
 from dpmarket.actors.runner import run_inprocess
 from dpmarket.actors.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.curator import Curator, CuratorParams
-from dpmarket.protocol.journal import restore_curator, snapshot_curator
+from dpmarket.protocol.journal import pool_rows, restore_curator, snapshot_curator
 from dpmarket.protocol.messages import Message, decode, encode
 from dpmarket.protocol.objective import greedy_exact, greedy_hashed, objective_j
 from dpmarket.protocol.release_plan import plan_releases
@@ -258,7 +260,7 @@ def test_a_run_refused_while_exploring_resumes_from_its_journal(scenario: Scenar
     before = [(e.owner, e.token) for e in curator.pool.entries]
     assert len(before) == len(names)  # epoch 1: one uniform draw from every owner
     snap = json.loads(json.dumps(snapshot_curator(curator)))
-    assert snap["pool"]["hashed"] is None  # points held: h1 recomputes the hashes
+    assert all(r["hashed"] is None and r["point"] for r in snap["pool"]["rows"])  # h1 redoes them
     resumed = restore_curator(snap, scenario.validation, scenario.seed_set)
     assert [(e.owner, e.token) for e in resumed.pool.entries] == before
     for old, new in zip(curator.pool.entries, resumed.pool.entries, strict=True):
@@ -277,6 +279,25 @@ def test_a_run_refused_while_exploring_resumes_from_its_journal(scenario: Scenar
     for owner in names:
         steps = [e for e in resumed.ledgers[owner].events if e.label == "auction step"]
         assert sum(e.count for e in steps) == resumed.epoch.number - 3
+
+
+def test_a_snapshot_can_leave_the_pool_rows_to_an_append_only_file(scenario: Scenario) -> None:
+    curator = small_curator(RUN, scenario, _select(scenario), 11)
+    _drive(curator, _owners(scenario))
+    snap = json.loads(json.dumps(snapshot_curator(curator, pool_inline=False)))
+    assert snap["pool"] == {"count": len(curator.pool)}
+    rows = json.loads(json.dumps(pool_rows(curator)))
+    assert pool_rows(curator, len(curator.pool) - 2) == rows[-2:]
+    extra = [*rows, {**rows[0], "token": 10**6}]  # appended after the snapshot: not covered
+    restored = restore_curator(snap, scenario.validation, scenario.seed_set, extra)
+    assert [(e.owner, e.token) for e in restored.pool.entries] == [
+        (e.owner, e.token) for e in curator.pool.entries
+    ]
+    np.testing.assert_array_equal(restored.result().points, curator.result().points)
+    with pytest.raises(ValueError, match=f"covers {len(rows)} pool rows, 3 given"):
+        restore_curator(snap, scenario.validation, scenario.seed_set, rows[:3])
+    with pytest.raises(ValueError, match="none given"):
+        restore_curator(snap, scenario.validation, scenario.seed_set)
 
 
 def test_a_version_1_journal_seeds_the_pool_with_the_summary(scenario: Scenario) -> None:
@@ -343,3 +364,15 @@ def test_plan_with_select_changes_no_owner_event(summary: str, auction: str) -> 
     assert params.explore_epochs(5) == 20 and params.epoch_limit == plain.max_epochs
     with pytest.raises(ValueError, match="explore_share"):
         plan_releases(100, 32, 5, select=True, explore_share=-0.5)
+
+
+def test_the_pool_file_keeps_whole_rows_and_drops_a_torn_last_line(tmp_path: Path) -> None:
+    path = pool_file(tmp_path / "journal.json")
+    assert read_pool_rows(path) == []
+    append_pool_rows(path, [{"token": 1}, {"token": 2}])
+    append_pool_rows(path, [{"token": 3}])
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write('{"token": 4, "po')  # a crash in the middle of an append
+    assert read_pool_rows(path) == [{"token": 1}, {"token": 2}, {"token": 3}]
+    rewrite_pool_rows(path, [{"token": 1}])
+    assert read_pool_rows(path) == [{"token": 1}]

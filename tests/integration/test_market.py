@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dpmarket.actors.cli import main
+from dpmarket.actors.curator import read_pool_rows
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
@@ -93,6 +94,9 @@ def test_above_t_refuses_leaves_nothing_partial_and_resumes(tmp_path: Path) -> N
     assert steps == report["outcome"]["epochs"] - 3
     assert report["parsimony"]["final_selection"] == "exact"
     assert report["parsimony"]["purchased_pool"] == report["parsimony"]["distinct_points"]
+    rows = read_pool_rows(out / ".journal" / "pool.jsonl")  # each point journaled once
+    assert len(rows) == report["parsimony"]["purchased_pool"]
+    assert len({(r["owner"], r["token"]) for r in rows}) == len(rows)
     events = report["privacy"]["parties"]["validation"]["events"]["events"]
     assert [(e["label"], e["count"]) for e in events] == [("gaussian(validation mean)", 1)]
 
