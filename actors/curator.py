@@ -8,6 +8,7 @@ drawing new noise). It talks to owner actors only through :class:`RayTransport` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -116,8 +117,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def pool_file(journal: Path) -> Path:
-    """The append-only file of purchased-pool rows beside the journal snapshot."""
-    return journal.with_name("pool.jsonl")
+    """The append-only file of purchased-pool rows beside (and named after) the snapshot."""
+    return journal.with_name(f"{journal.stem}.pool.jsonl")
 
 
 def read_pool_rows(path: Path) -> list[dict[str, Any]]:
@@ -133,11 +134,23 @@ def read_pool_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def append_pool_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("a", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(row) + "\n" for row in rows)
-        fh.flush()
-        os.fsync(fh.fileno())
+def append_pool_rows(path: Path, rows: list[dict[str, Any]], offset: int) -> int:
+    """Append ``rows`` after the first ``offset`` bytes (the end of the last good append: any
+    tail a failed append left is cut first) and fsync; return the new end. If writing fails the
+    file is cut back to ``offset`` where possible and the error is raised, so a retry neither
+    duplicates rows nor glues a fragment onto the next one."""
+    if path.exists() and path.stat().st_size != offset:
+        os.truncate(path, offset)
+    try:
+        with path.open("a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(row) + "\n" for row in rows)
+            fh.flush()
+            os.fsync(fh.fileno())
+            return fh.tell()
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.truncate(path, offset)
+        raise
 
 
 def rewrite_pool_rows(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -162,12 +175,14 @@ class CuratorActor:
     ) -> None:
         self._journal = Path(journal) if journal else None
         self._pool_written = 0  # pool rows already in the journal's append-only pool file
+        self._pool_bytes = 0  # where the last good append ended
         if snapshot is not None:
             rows = read_pool_rows(pool_file(self._journal)) if self._journal else None
             self._curator = restore_curator(snapshot, validation, seed_set, rows)
             if self._journal is not None:  # drop rows bought after the snapshot was written
-                rewrite_pool_rows(pool_file(self._journal), pool_rows(self._curator))
-                self._pool_written = len(self._curator.pool)
+                path = pool_file(self._journal)
+                rewrite_pool_rows(path, pool_rows(self._curator))
+                self._pool_written, self._pool_bytes = len(self._curator.pool), path.stat().st_size
         else:
             rng = np.random.default_rng(seed)
             self._curator = Curator(run, owners, validation, seed_set, params, rng)
@@ -186,7 +201,8 @@ class CuratorActor:
         if self._journal is not None and self._curator.checkpoint_due:
             rows = pool_rows(self._curator, self._pool_written)
             if rows:
-                append_pool_rows(pool_file(self._journal), rows)
+                path = pool_file(self._journal)
+                self._pool_bytes = append_pool_rows(path, rows, self._pool_bytes)
                 self._pool_written += len(rows)
             write_json_atomic(self._journal, snapshot_curator(self._curator, pool_inline=False))
             self._curator.checkpoint_due = False

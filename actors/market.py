@@ -24,6 +24,7 @@ import numpy as np
 
 from dpmarket.actors.cluster import connect
 from dpmarket.actors.config import ConfigError, FaultConfig, MarketConfig, load_market_config
+from dpmarket.actors.curator import pool_file, read_pool_rows
 from dpmarket.actors.dca import moments_sensitivity
 from dpmarket.actors.evaluate import svm_accuracy
 from dpmarket.actors.faults import FaultPlan, fault_verdicts
@@ -345,7 +346,9 @@ def run_market(
     if snapshot is None and (out / "report.json").exists():
         raise ConfigError(f"{out}: already holds a finished run (report.json); choose --out")
     journal_dir.mkdir(parents=True, exist_ok=True)
-    if snapshot is None:
+    if snapshot is None:  # a fresh run: no state of an earlier run in OUT may be resumed
+        (journal_dir / "journal.json").unlink(missing_ok=True)  # first: then nothing to resume
+        pool_file(journal_dir / "journal.json").unlink(missing_ok=True)
         shutil.copyfile(config.path, journal_dir / "config.toml")
         (journal_dir / "config_path").write_text(str(Path(config.path).resolve()))
     timings: dict[str, float] = {}
@@ -406,6 +409,14 @@ def resume_market(out: Path, address: str | None = None) -> MarketOutcome:
         raise ConfigError(f"{out}: no resumable journal ({exc})") from None
     if snapshot.get("state") == "done":
         raise ConfigError(f"{out}: the journaled run already finished")
+    pool = snapshot.get("pool") or {}
+    if "count" in pool and "rows" not in pool:  # the rows live in the append-only pool file
+        held = len(read_pool_rows(pool_file(journal_dir / "journal.json")))
+        if held < int(pool["count"]):
+            raise ConfigError(
+                f"{out}: the journal covers {pool['count']} purchased points but its pool file "
+                f"holds {held}; cannot resume without them"
+            )
     # the simulated faults already happened; colluders still collude
     resumed = dataclasses.replace(config, faults=FaultConfig(colluders=config.faults.colluders))
     return run_market(resumed, out, address, snapshot=snapshot)

@@ -183,6 +183,8 @@ def _restore_pool(
         pool.add(PoolEntry(str(row["owner"]), int(row["token"]), int(row["epoch"]),
                            float(row["bid"]), point, np.asarray(hashed, dtype=np.float32),
                            float(row["label"])))  # fmt: skip
+    if len(pool) != count:
+        raise ValueError(f"journal: {count} pool rows hold only {len(pool)} distinct points")
     return pool
 
 
@@ -190,12 +192,12 @@ def restore_curator(
     snapshot: dict[str, Any],
     validation: npt.ArrayLike,
     seed_set: npt.ArrayLike,
-    pool_rows: list[dict[str, Any]] | None = None,
+    rows: list[dict[str, Any]] | None = None,
 ) -> Curator:
     """Rebuild the curator of ``snapshot``; call :meth:`Curator.resume` to continue the run.
 
-    ``pool_rows``: the pool rows kept outside a ``pool_inline=False`` snapshot (at least as
-    many as it covers; later ones are ignored)."""
+    ``rows``: the pool rows kept outside a ``pool_inline=False`` snapshot (at least as many as
+    it covers; later ones are ignored)."""
     if snapshot.get("journal_version") not in READABLE_VERSIONS:
         raise ValueError(f"journal: unsupported version {snapshot.get('journal_version')!r}")
     params = CuratorParams(**snapshot["params"])
@@ -212,7 +214,7 @@ def restore_curator(
     c._labels = [float(v) for v in snapshot["labels"]]
     c._members = {(o, int(t)) for o, t in snapshot["members"]}
     c.provenance = [Provenance(**p) for p in snapshot["provenance"]]
-    c.pool = _restore_pool(c, snapshot.get("pool"), pool_rows)
+    c.pool = _restore_pool(c, snapshot.get("pool"), rows)
     c._times_bid = {(o, int(t)): int(n) for o, t, n in snapshot["times_bid"]}
     c.transfers = TransferCounter({(o, int(t)): int(n) for o, t, n in snapshot["deliveries"]})
     c.value = {k: float(v) for k, v in snapshot["value"].items()}

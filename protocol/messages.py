@@ -26,7 +26,7 @@ Evolution rules (as dp_accounting's event schema)
 ------------------------------------------------
 1. Never remove a body class, a field, or a registered ``kind``.
 2. Add fields only with a default, so that frames from an older sender still decode.
-3. Never change what a field means or its type: add a new field or a new kind instead.
+3. Never change what a field means, its type or its default: add a new field or a new kind.
 4. ``PROTOCOL_VERSION`` changes only when the envelope itself changes; a decoder refuses other
    versions. Unknown kinds and unknown body keys are refused (strict schema).
 5. The encoder omits a field that holds its default (None or the scalar default), and the
@@ -213,12 +213,15 @@ def encode(msg: Message) -> bytes:
 
 
 def _at_default(f: dataclasses.Field[Any], value: object) -> bool:
-    """True if ``value`` is the field's scalar default (or None): the encoder omits it (rule 5)."""
+    """True if ``value`` is the field's default None or bool/int/float/str default: the encoder
+    omits it (rule 5)."""
     default = f.default
     if default is dataclasses.MISSING:
         return False
     if default is None:
         return value is None
+    if type(default) not in (bool, int, float, str):  # tuples: (-0.0,) == (0.0,), keep them
+        return False
     if type(value) is not type(default) or value != default:
         return False
     if isinstance(value, float) and isinstance(default, float):  # -0.0 == 0.0: keep the bits

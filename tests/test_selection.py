@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from dpmarket.actors.config import ConfigError
 from dpmarket.actors.curator import append_pool_rows, pool_file, read_pool_rows, rewrite_pool_rows
+from dpmarket.actors.market import resume_market
 from dpmarket.actors.runner import run_inprocess
 from dpmarket.actors.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.curator import Curator, CuratorParams
@@ -368,11 +370,35 @@ def test_plan_with_select_changes_no_owner_event(summary: str, auction: str) -> 
 
 def test_the_pool_file_keeps_whole_rows_and_drops_a_torn_last_line(tmp_path: Path) -> None:
     path = pool_file(tmp_path / "journal.json")
-    assert read_pool_rows(path) == []
-    append_pool_rows(path, [{"token": 1}, {"token": 2}])
-    append_pool_rows(path, [{"token": 3}])
+    assert path.name == "journal.pool.jsonl" and read_pool_rows(path) == []
+    end = append_pool_rows(path, [{"token": 1}, {"token": 2}], 0)
+    end = append_pool_rows(path, [{"token": 3}], end)
+    assert end == path.stat().st_size
     with path.open("a", encoding="utf-8") as fh:
         fh.write('{"token": 4, "po')  # a crash in the middle of an append
     assert read_pool_rows(path) == [{"token": 1}, {"token": 2}, {"token": 3}]
+    append_pool_rows(path, [{"token": 4}], end)  # the retry cuts the fragment first
+    assert read_pool_rows(path) == [{"token": i} for i in (1, 2, 3, 4)]
     rewrite_pool_rows(path, [{"token": 1}])
     assert read_pool_rows(path) == [{"token": 1}]
+
+
+def test_a_pool_file_with_repeated_rows_is_refused_not_shortened(scenario: Scenario) -> None:
+    curator = small_curator(RUN, scenario, _select(scenario), 12)
+    _drive(curator, _owners(scenario))
+    snap = json.loads(json.dumps(snapshot_curator(curator, pool_inline=False)))
+    rows = json.loads(json.dumps(pool_rows(curator)))
+    with pytest.raises(ValueError, match="distinct points"):
+        restore_curator(snap, scenario.validation, scenario.seed_set, [rows[0], *rows])
+
+
+def test_resume_refuses_a_journal_whose_pool_file_lost_rows(tmp_path: Path) -> None:
+    journal = tmp_path / ".journal"
+    journal.mkdir()
+    config = Path(__file__).resolve().parents[1] / "configs" / "demo.toml"
+    (journal / "config_path").write_text(str(config))
+    snapshot = {"journal_version": 2, "state": "refused", "pool": {"count": 3}}
+    (journal / "journal.json").write_text(json.dumps(snapshot))
+    append_pool_rows(pool_file(journal / "journal.json"), [{"token": 1}], 0)
+    with pytest.raises(ConfigError, match="covers 3 purchased points but its pool file holds 1"):
+        resume_market(tmp_path)

@@ -36,8 +36,14 @@ def _run(tmp_path: Path, name: str, *extra: str) -> tuple[int, Path]:
 
 
 def test_run_writes_summary_report_and_plots(tmp_path: Path) -> None:
+    stale = tmp_path / "ok" / ".journal"  # an earlier, refused run left its journal in OUT
+    stale.mkdir(parents=True)
+    (stale / "journal.json").write_text(json.dumps({"state": "refused", "pool": {"count": 1}}))
+    (stale / "journal.pool.jsonl").write_text(json.dumps({"owner": "stale", "token": 0}) + "\n")
     code, out = _run(tmp_path, "ok")
     assert code == 0
+    rows = read_pool_rows(stale / "journal.pool.jsonl")  # this run's purchases only
+    assert rows and all(r["owner"] != "stale" for r in rows)
     report = json.loads((out / "report.json").read_text())
     assert report["schema"] == 1 and report["outcome"]["state"] == "done"
     assert report["parsimony"]["summary_size"] == 12
@@ -94,7 +100,7 @@ def test_above_t_refuses_leaves_nothing_partial_and_resumes(tmp_path: Path) -> N
     assert steps == report["outcome"]["epochs"] - 3
     assert report["parsimony"]["final_selection"] == "exact"
     assert report["parsimony"]["purchased_pool"] == report["parsimony"]["distinct_points"]
-    rows = read_pool_rows(out / ".journal" / "pool.jsonl")  # each point journaled once
+    rows = read_pool_rows(out / ".journal" / "journal.pool.jsonl")  # each point journaled once
     assert len(rows) == report["parsimony"]["purchased_pool"]
     assert len({(r["owner"], r["token"]) for r in rows}) == len(rows)
     events = report["privacy"]["parties"]["validation"]["events"]["events"]
