@@ -431,39 +431,36 @@ class Curator:
 
     def _close_asking(self) -> list[Message]:
         ep = self.epoch
-        for owner, (bid, body) in sorted(ep.verified.items()):
-            self._purchase(owner, bid, body)
+        bought = {o: self._purchase(o, bid, body) for o, (bid, body) in sorted(ep.verified.items())}
         if self._exploring(ep.number):  # the pool grew; the summary and g_l stay as they are
             return self._open_epoch(ep.g_summary)
         winner = choose_winner({o: bid for o, (bid, _) in ep.verified.items()})
         if winner is None:  # nothing added: repeat with the same release, no new charge
             return self._open_epoch(ep.g_summary)
-        bid, body = ep.verified[winner]
-        self._add(winner, bid, body)
+        self._add(bought[winner])
         if len(self.provenance) >= self.params.p:
             return self._finish("complete")
         return self._open_epoch(self._release_summary())
 
-    def _purchase(self, owner: str, bid: float, body: DeliverBody) -> None:
+    def _purchase(self, owner: str, bid: float, body: DeliverBody) -> PoolEntry:
+        """A verified delivery as a pool entry (hashed once), kept in the purchased pool."""
         point = None if body.point is None else np.asarray(body.point, dtype=np.float64)
         h = self.h1(point) if point is not None else np.asarray(body.hashed, dtype=np.float32)
         label = float(body.label if body.label is not None else 0.0)
-        self.pool.add(PoolEntry(owner, body.token, self.epoch.number, bid, point, h, label))
+        entry = PoolEntry(owner, body.token, self.epoch.number, bid, point, h, label)
+        self.pool.add(entry)
+        return entry
 
-    def _add(self, owner: str, bid: float, body: DeliverBody) -> None:
-        q = self.epoch.q
-        if body.point is not None:
-            point = np.asarray(body.point, dtype=np.float64)
-            self._summary_X.append(point)
-            h = self.h1(point)
-        else:
-            h = np.asarray(body.hashed, dtype=np.float32)
-        self._summary_H.append(h)
-        self._labels.append(float(body.label if body.label is not None else 0.0))
-        self._members.add((owner, body.token))
-        gain = 2.0 / (q + 1) * bid
-        self.value[owner] += gain
-        self.provenance.append(Provenance(owner, body.token, self.epoch.number, bid, gain))
+    def _add(self, entry: PoolEntry) -> None:
+        """The epoch's winner joins the summary S."""
+        if entry.point is not None:
+            self._summary_X.append(entry.point)
+        self._summary_H.append(entry.hashed)
+        self._labels.append(entry.label)
+        self._members.add((entry.owner, entry.token))
+        gain = 2.0 / (self.epoch.q + 1) * entry.bid
+        self.value[entry.owner] += gain
+        self.provenance.append(Provenance(entry.owner, entry.token, entry.epoch, entry.bid, gain))
 
     def _release_summary(self) -> F64:
         """g_l for the next epoch by ``params.summary_release`` (protocol/releases.py): every
