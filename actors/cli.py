@@ -26,6 +26,7 @@ from dpmarket.actors.evaluate import (
     evaluate,
     utility_main,
 )
+from dpmarket.actors.randomness import NOISE_WARNING
 from dpmarket.actors.regress import add_regress_parser
 from dpmarket.actors.scenarios import digits_split
 from dpmarket.actors.sketch_cli import add_sketch_parser
@@ -88,6 +89,8 @@ def _market(args: argparse.Namespace) -> int:
         outcome = resume_market(Path(args.out), args.address)
     else:
         config = load_market_config(args.config, args.set)
+        if config.reproducible_noise:
+            print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)
         if args.command == "validate":
             print(json.dumps(config.public_record(), indent=2, default=str))
             print(f"{args.config}: valid", file=sys.stderr)

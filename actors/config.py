@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.curator import CuratorParams
 from dpmarket.protocol.dca_spec import SHARE_MODES
 
@@ -93,7 +94,7 @@ def load_demo_config(path: str | Path) -> DemoConfig:
 
 # ------------------------------------------------------------------------ the market run
 _MARKET_SECTIONS = {
-    "run": {"name", "seed", "out", "deadline_seconds"},
+    "run": {"name", "seed", "out", "deadline_seconds", "reproducible_noise", "noise_seed"},
     "market": {
         "owners",
         "compute_nodes",
@@ -157,7 +158,9 @@ class MarketConfig:
 
     source: str
     name: str = "run"
-    seed: int = 0
+    seed: int = 0  # public randomness only: simulated data, h1, sketches, exploration
+    reproducible_noise: bool = False  # simulation switch: noise from noise_seed (not private)
+    noise_seed: int = 0
     out: str = "out/run"
     deadline_seconds: float = 5.0
     owners: int = 5
@@ -172,6 +175,14 @@ class MarketConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)
     secure: dict[str, Any] = field(default_factory=dict)
     path: str = "<memory>"
+
+    @property
+    def noise(self) -> NoiseSource:
+        """Where the run's noise generators come from: OS entropy unless the simulation switch
+        ``[run].reproducible_noise`` is on (see actors/randomness.py)."""
+        if self.reproducible_noise:
+            return NoiseSource.reproducible(self.noise_seed)
+        return NoiseSource.secure()
 
     @property
     def owner_names(self) -> tuple[str, ...]:
@@ -262,11 +273,26 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     if T >= K:
         raise ConfigError(f"{name}: [market].tolerance: T = {T} must be below owners = {K}")
     owners = tuple(f"owner-{k + 1}" for k in range(K))
+    reproducible = run.get("reproducible_noise", False)
+    if not isinstance(reproducible, bool):
+        raise ConfigError(f"{name}: [run].reproducible_noise: expected true or false")
+    if reproducible and source == "files":
+        raise ConfigError(
+            f"{name}: [run].reproducible_noise: refused with [data].source = 'files' (noise "
+            "from a public seed would make every release of private data reversible)"
+        )
+    if "noise_seed" in run and not reproducible:
+        raise ConfigError(
+            f"{name}: [run].noise_seed: only meaningful with reproducible_noise = true "
+            "(the default draws noise from OS entropy)"
+        )
     _check_data(name, source, data.get("data", {}), owners, Path(path).parent)
     config = MarketConfig(
         source=source,
         name=str(run.get("name", Path(path).stem)),
         seed=_int(name, "[run].seed", run.get("seed", 0), 0),
+        reproducible_noise=reproducible,
+        noise_seed=_int(name, "[run].noise_seed", run.get("noise_seed", 0), 0),
         out=str(run.get("out", f"out/{Path(path).stem}")),
         deadline_seconds=_number(
             name, "[run].deadline_seconds", run.get("deadline_seconds", 5.0), 0.0, 3600.0

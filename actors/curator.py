@@ -23,6 +23,7 @@ import numpy.typing as npt
 import ray
 
 from dpmarket.actors.dca import DcaHub, DcaUnavailable, moments_sensitivity, record_for_owners
+from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.refresh import PoolRefresher
 from dpmarket.actors.transport import FaultPlan, RayTransport
 from dpmarket.protocol.accounting import ADD_REMOVE, PrivacyLedger
@@ -160,7 +161,9 @@ def rewrite_pool_rows(path: Path, rows: list[dict[str, Any]]) -> None:
 
 @ray.remote(num_cpus=0)
 class CuratorActor:
-    """Ray actor around the curator. ``journal`` is a path on the curator's node (or None)."""
+    """Ray actor around the curator. ``journal`` is a path on the curator's node (or None);
+    ``noise`` keys the curator's noise generator (validation release, summary channels, MWEM,
+    auction coins) in this process: from OS entropy unless the run simulates."""
 
     def __init__(
         self,
@@ -169,7 +172,7 @@ class CuratorActor:
         validation: npt.NDArray[np.float64],
         seed_set: npt.NDArray[np.float64],
         params: CuratorParams,
-        seed: int,
+        noise: NoiseSource,
         journal: str | None = None,
         snapshot: dict[str, Any] | None = None,
     ) -> None:
@@ -178,13 +181,14 @@ class CuratorActor:
         self._pool_bytes = 0  # where the last good append ended
         if snapshot is not None:
             rows = read_pool_rows(pool_file(self._journal)) if self._journal else None
-            self._curator = restore_curator(snapshot, validation, seed_set, rows)
+            rng = noise.generator("curator")  # fresh noise for the releases still to come
+            self._curator = restore_curator(snapshot, validation, seed_set, rows, rng=rng)
             if self._journal is not None:  # drop rows bought after the snapshot was written
                 path = pool_file(self._journal)
                 rewrite_pool_rows(path, pool_rows(self._curator))
                 self._pool_written, self._pool_bytes = len(self._curator.pool), path.stat().st_size
         else:
-            rng = np.random.default_rng(seed)
+            rng = noise.generator("curator")
             self._curator = Curator(run, owners, validation, seed_set, params, rng)
             if self._journal is not None:  # a fresh run: no rows of an earlier run in OUT
                 pool_file(self._journal).unlink(missing_ok=True)
@@ -230,7 +234,7 @@ class CuratorActor:
         config: DcaConfig = plan["config"]
         hub = DcaHub(config, nodes, owners, PrivacyLedger("dca"))
         try:
-            await hub.setup(plan["seeds"], plan["behaviours"])
+            await hub.setup(plan["behaviours"])
         except DcaUnavailable as exc:  # nothing was released, nothing is charged
             failed = {"status": "failed", "reason": str(exc)}
             return {"normalise": failed, "scan": failed, "errors": [str(exc)]}

@@ -90,7 +90,7 @@ class DcaHub:
                 else:
                     pending.extend(reply)
 
-    async def setup(self, seeds: dict[str, int | None], behaviours: dict[str, str]) -> None:
+    async def setup(self, behaviours: dict[str, str]) -> None:
         """Session set-up: node keys to owners, owners' registrations to nodes."""
         answers = await asyncio.gather(
             *(h.public_key.remote() for h in self.nodes.values()), return_exceptions=True
@@ -100,7 +100,7 @@ class DcaHub:
             raise DcaUnavailable(f"compute nodes unreachable: {dead}")
         keys = dict(zip(self.nodes, answers, strict=True))
         calls = [
-            h.dca_setup.remote(o, self.config, keys, seeds.get(o), behaviours.get(o))
+            h.dca_setup.remote(o, self.config, keys, behaviours.get(o))
             for o, h in self.owners.items()
         ]
         frames = await asyncio.gather(*calls, return_exceptions=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import ray
 
+from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.errors import RemoteProtocolError
 from dpmarket.protocol.messages import ReplayGuard, decode, encode
 from dpmarket.protocol.securesum import Client, DcaConfig, RoundSpec
@@ -63,7 +63,7 @@ class _Hosted:
     ingested: int = 0
     rejected: int = 0
     dca: Client | None = None
-    dca_rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    dca_rng: np.random.Generator | None = None  # the owner's secure-sum noise (from dca_setup)
     # secure-sum round -> how many of the owner's records (a prefix: records only grow at the
     # end) its sketch contribution to that round covered; deltas start where a released one ended
     sketched: dict[int, int] = field(default_factory=dict)
@@ -84,11 +84,16 @@ class OwnerActor:
     """
 
     def __init__(
-        self, run: str, owners: dict[str, OwnerData], delays: dict[str, float] | None = None
+        self,
+        run: str,
+        owners: dict[str, OwnerData],
+        noise: NoiseSource,
+        delays: dict[str, float] | None = None,
     ) -> None:
         if not owners:
             raise ValueError("owners: an owner actor hosts at least one owner")
         delays = delays or {}
+        self._noise = noise
         self._hosted: dict[str, _Hosted] = {}
         for name, (X, y) in owners.items():
             # an int means "no records yet, this many features": records arrive by ingestion
@@ -173,12 +178,12 @@ class OwnerActor:
         owner: str,
         config: DcaConfig,
         node_keys: dict[str, bytes],
-        seed: int | None = None,
         behaviour: str | None = None,
     ) -> list[bytes]:
-        """Become this owner's secure-sum client; return the registration frames. ``seed`` makes
-        the DP noise reproducible in simulation (OS entropy otherwise); ``behaviour`` simulates
-        a colluder ("reveal" or "withhold" its noise)."""
+        """Become this owner's secure-sum client; return the registration frames. The owner's
+        share of the distributed noise comes from a generator keyed in this process by the
+        actor's NoiseSource (OS entropy unless the run simulates with reproducible noise);
+        ``behaviour`` simulates a colluder ("reveal" or "withhold" its noise)."""
         hosted, name = self._owner(owner), owner
         hosted.dca = Client(
             config,
@@ -187,8 +192,7 @@ class OwnerActor:
             (name,),
             {name: behaviour} if behaviour else None,
         )
-        entropy = seed if seed is not None else secrets.randbits(128)
-        hosted.dca_rng = np.random.default_rng(entropy)
+        hosted.dca_rng = self._noise.generator(f"dca:{name}")
         return [encode(m) for m in hosted.dca.start()]
 
     async def dca_contribute(
@@ -204,7 +208,7 @@ class OwnerActor:
         successive deltas cover disjoint record sets.
         """
         hosted = self._owner(owner)
-        if hosted.dca is None:
+        if hosted.dca is None or hosted.dca_rng is None:
             raise RuntimeError(f"{owner}: dca_contribute before dca_setup")
         X = hosted.party.records()
         if what == "moments":

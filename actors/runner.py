@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.curator import Curator, CuratorParams, SummaryResult
 from dpmarket.protocol.hashing import RandomFourierFeatures
@@ -124,7 +125,7 @@ class RayMarket:
 def spawn_market(
     scenario: Scenario | OwnerInputs,
     params: CuratorParams,
-    seed: int,
+    noise: NoiseSource,
     faults: FaultPlan | None = None,
     run_id: str = "run",
     journal: str | None = None,
@@ -149,7 +150,7 @@ def spawn_market(
     owners: dict[str, Any] = {}
     for group in owner_groups(list(inputs.owners), owners_per_actor, faults, placement):
         handle = OwnerActor.options(resources=placement.get(group[0], {})).remote(  # type: ignore[attr-defined]
-            run_id, {name: inputs.owners[name] for name in group}, faults.delay
+            run_id, {name: inputs.owners[name] for name in group}, noise, faults.delay
         )
         owners.update(dict.fromkeys(group, handle))
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -161,7 +162,7 @@ def spawn_market(
             inputs.validation,
             inputs.seed_set,
             params,
-            seed,
+            noise,
             journal,
             snap,
         )
@@ -202,7 +203,7 @@ def unique_actors(owners: dict[str, Any]) -> list[Any]:
 def run_ray(
     scenario: Scenario,
     params: CuratorParams,
-    seed: int,
+    noise: NoiseSource,
     faults: FaultPlan | None = None,
     run_id: str = "run",
     journal: str | None = None,
@@ -215,7 +216,7 @@ def run_ray(
     market = spawn_market(
         scenario,
         params,
-        seed,
+        noise,
         faults,
         run_id,
         journal,

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from dpmarket.actors.cluster import connect
+from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.runner import run_inprocess, run_ray
 from dpmarket.protocol.curator import CuratorParams
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
@@ -35,7 +36,9 @@ def _ray_run(
     scenario: Scenario, params: CuratorParams, per_actor: int
 ) -> tuple[float, dict[str, Any]]:
     tick = time.perf_counter()
-    payload = run_ray(scenario, params, seed=1, run_id="scale", owners_per_actor=per_actor)
+    payload = run_ray(
+        scenario, params, NoiseSource.secure(), run_id="scale", owners_per_actor=per_actor
+    )
     return time.perf_counter() - tick, payload
 
 

@@ -2,11 +2,14 @@
 
 A snapshot is a JSON-safe dict holding everything the curator has decided or released: the
 parameters, the releases (g_tilde and the open epoch's g_l), the summary with provenance, the
-auction state of the open epoch, the bookkeeping, the privacy ledgers, the MWEM state and the
-noise generator's state. Restoring it and calling :meth:`Curator.resume` re-sends the journaled
-releases instead of drawing fresh noise, and reuses an auction that already ran, so a crash or a
-refusal never spends privacy budget twice. The validation and seed sets are not journaled: the
-caller supplies them again (they are the consumer's and the public's data, not run state).
+auction state of the open epoch, the bookkeeping, the privacy ledgers and the MWEM state. It
+never holds the noise generator's state (the key of a secure generator must not reach a disk):
+``rng`` is written as null, and the restored curator draws the noise of the releases still to
+come from the generator the caller passes in. Restoring it and calling :meth:`Curator.resume`
+re-sends the journaled releases instead of drawing fresh noise, and reuses an auction that
+already ran, so a crash or a refusal never spends privacy budget twice. The validation and seed
+sets are not journaled: the caller supplies them again (they are the consumer's and the
+public's data, not run state).
 
 Arrays are stored as base64 of their little-endian bytes with dtype and shape, so a restore is
 bit-exact. The snapshot is the curator's private state (it holds the summary points); it must be
@@ -120,7 +123,7 @@ def snapshot_curator(c: Curator, pool_inline: bool = True) -> dict[str, Any]:
         "lost": dict(c.lost),
         "live": sorted(c.live),
         "seq": c._out._seq,
-        "rng": c._rng.bit_generator.state,
+        "rng": None,  # kept for readers of version 2; the generator's key is never journaled
         "g_validation": _arr(c._g_validation),
         "summary_H": [_arr(h) for h in c._summary_H],
         "summary_X": [_arr(x) for x in c._summary_X],
@@ -193,16 +196,17 @@ def restore_curator(
     validation: npt.ArrayLike,
     seed_set: npt.ArrayLike,
     rows: list[dict[str, Any]] | None = None,
+    *,
+    rng: np.random.Generator,
 ) -> Curator:
     """Rebuild the curator of ``snapshot``; call :meth:`Curator.resume` to continue the run.
 
     ``rows``: the pool rows kept outside a ``pool_inline=False`` snapshot (at least as many as
-    it covers; later ones are ignored)."""
+    it covers; later ones are ignored). ``rng``: the noise generator for the releases still to
+    come (a fresh secure one in a deployment; a journaled generator state is ignored)."""
     if snapshot.get("journal_version") not in READABLE_VERSIONS:
         raise ValueError(f"journal: unsupported version {snapshot.get('journal_version')!r}")
     params = CuratorParams(**snapshot["params"])
-    rng = np.random.Generator(np.random.PCG64())
-    rng.bit_generator.state = snapshot["rng"]
     c = Curator(snapshot["run"], list(snapshot["owners"]), validation, seed_set, params, rng)
     c.state, c.reason = snapshot["state"], snapshot["reason"]
     c.refusal, c.lost = dict(snapshot["refusal"]), dict(snapshot["lost"])

@@ -67,7 +67,9 @@ def test_refusal_above_t_then_resume_without_new_noise(scenario: Scenario) -> No
     g_open = curator.epoch.g_summary.copy()
 
     snap = json.loads(json.dumps(snapshot_curator(curator)))  # through JSON, as on disk
-    resumed = restore_curator(snap, scenario.validation, scenario.seed_set)
+    resumed = restore_curator(
+        snap, scenario.validation, scenario.seed_set, rng=np.random.default_rng(0)
+    )
     assert resumed.state == "refused" and len(resumed.provenance) == refused_at
     np.testing.assert_array_equal(resumed.epoch.g_summary, g_open)
     assert _counts(resumed, names[2]) == before  # ledger restored, not re-charged
@@ -91,7 +93,12 @@ def test_snapshot_round_trip_is_exact(scenario: Scenario) -> None:
     _run(curator, _owners(scenario), None, curator.start())
     snap = snapshot_curator(curator)
     again = snapshot_curator(
-        restore_curator(json.loads(json.dumps(snap)), scenario.validation, scenario.seed_set)
+        restore_curator(
+            json.loads(json.dumps(snap)),
+            scenario.validation,
+            scenario.seed_set,
+            rng=np.random.default_rng(0),
+        )
     )
     assert again == snap
 
@@ -105,7 +112,12 @@ def test_resume_refuses_a_finished_run(scenario: Scenario) -> None:
 
 def test_bad_journal_version_is_refused(scenario: Scenario) -> None:
     with pytest.raises(ValueError, match="unsupported version"):
-        restore_curator({"journal_version": 99}, scenario.validation, scenario.seed_set)
+        restore_curator(
+            {"journal_version": 99},
+            scenario.validation,
+            scenario.seed_set,
+            rng=np.random.default_rng(0),
+        )
 
 
 def test_snapshot_keeps_the_standardisation(scenario: Scenario) -> None:
@@ -114,6 +126,8 @@ def test_snapshot_keeps_the_standardisation(scenario: Scenario) -> None:
     curator.standardize(np.full(k, 0.5), np.full(k, 2.0), 0.25)
     _run(curator, _owners(scenario), None, curator.start())
     snap = json.loads(json.dumps(snapshot_curator(curator)))
-    restored = restore_curator(snap, scenario.validation, scenario.seed_set)
+    restored = restore_curator(
+        snap, scenario.validation, scenario.seed_set, rng=np.random.default_rng(0)
+    )
     assert restored.h1 == curator.h1 and restored.params.gamma == 0.25
     assert restored.params.scale == (2.0,) * k

@@ -263,7 +263,9 @@ def test_a_run_refused_while_exploring_resumes_from_its_journal(scenario: Scenar
     assert len(before) == len(names)  # epoch 1: one uniform draw from every owner
     snap = json.loads(json.dumps(snapshot_curator(curator)))
     assert all(r["hashed"] is None and r["point"] for r in snap["pool"]["rows"])  # h1 redoes them
-    resumed = restore_curator(snap, scenario.validation, scenario.seed_set)
+    resumed = restore_curator(
+        snap, scenario.validation, scenario.seed_set, rng=np.random.default_rng(0)
+    )
     assert [(e.owner, e.token) for e in resumed.pool.entries] == before
     for old, new in zip(curator.pool.entries, resumed.pool.entries, strict=True):
         np.testing.assert_array_equal(old.hashed, new.hashed)
@@ -291,15 +293,19 @@ def test_a_snapshot_can_leave_the_pool_rows_to_an_append_only_file(scenario: Sce
     rows = json.loads(json.dumps(pool_rows(curator)))
     assert pool_rows(curator, len(curator.pool) - 2) == rows[-2:]
     extra = [*rows, {**rows[0], "token": 10**6}]  # appended after the snapshot: not covered
-    restored = restore_curator(snap, scenario.validation, scenario.seed_set, extra)
+    restored = restore_curator(
+        snap, scenario.validation, scenario.seed_set, extra, rng=np.random.default_rng(0)
+    )
     assert [(e.owner, e.token) for e in restored.pool.entries] == [
         (e.owner, e.token) for e in curator.pool.entries
     ]
     np.testing.assert_array_equal(restored.result().points, curator.result().points)
     with pytest.raises(ValueError, match=f"covers {len(rows)} pool rows, 3 given"):
-        restore_curator(snap, scenario.validation, scenario.seed_set, rows[:3])
+        restore_curator(
+            snap, scenario.validation, scenario.seed_set, rows[:3], rng=np.random.default_rng(0)
+        )
     with pytest.raises(ValueError, match="none given"):
-        restore_curator(snap, scenario.validation, scenario.seed_set)
+        restore_curator(snap, scenario.validation, scenario.seed_set, rng=np.random.default_rng(0))
 
 
 def test_a_version_1_journal_seeds_the_pool_with_the_summary(scenario: Scenario) -> None:
@@ -308,13 +314,15 @@ def test_a_version_1_journal_seeds_the_pool_with_the_summary(scenario: Scenario)
     snap = json.loads(json.dumps(snapshot_curator(curator)))
     snap.pop("pool")
     snap["journal_version"] = 1  # written before the pool existed
-    restored = restore_curator(snap, scenario.validation, scenario.seed_set)
+    restored = restore_curator(
+        snap, scenario.validation, scenario.seed_set, rng=np.random.default_rng(0)
+    )
     assert [(e.owner, e.token) for e in restored.pool.entries] == [
         (p.owner, p.token) for p in curator.provenance
     ]
     snap["journal_version"] = 3
     with pytest.raises(ValueError, match="unsupported version 3"):
-        restore_curator(snap, scenario.validation, scenario.seed_set)
+        restore_curator(snap, scenario.validation, scenario.seed_set, rng=np.random.default_rng(0))
 
 
 # ------------------------------------------------------------------------ bad input, plan
@@ -389,7 +397,13 @@ def test_a_pool_file_with_repeated_rows_is_refused_not_shortened(scenario: Scena
     snap = json.loads(json.dumps(snapshot_curator(curator, pool_inline=False)))
     rows = json.loads(json.dumps(pool_rows(curator)))
     with pytest.raises(ValueError, match="distinct points"):
-        restore_curator(snap, scenario.validation, scenario.seed_set, [rows[0], *rows])
+        restore_curator(
+            snap,
+            scenario.validation,
+            scenario.seed_set,
+            [rows[0], *rows],
+            rng=np.random.default_rng(0),
+        )
 
 
 def test_resume_refuses_a_journal_whose_pool_file_lost_rows(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import time
 import ray
 from ray.cluster_utils import Cluster
 
+from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.runner import spawn_market
 from tests.small import small_params, small_scenario
 
@@ -21,7 +22,7 @@ def case(cluster: Cluster, zone: str, on_zone: list[str], tolerance: int) -> dic
     placement = {
         name: {zone: 1.0} if name in on_zone else {"head": 1.0} for name in scenario.owner_names
     }
-    market = spawn_market(scenario, params, 4, run_id=zone, placement=placement)
+    market = spawn_market(scenario, params, NoiseSource.secure(), run_id=zone, placement=placement)
     ref = market.curator.run.remote(market.owners, None)
     while ray.get(market.curator.progress.remote())["epoch"] < 3:
         time.sleep(0.05)

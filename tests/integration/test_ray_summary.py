@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.runner import run_inprocess, run_ray
 from dpmarket.actors.transport import FaultPlan
 from dpmarket.protocol.curator import CuratorParams
@@ -29,8 +30,9 @@ def _params(scenario: Scenario, **kw: object) -> CuratorParams:
 @pytest.mark.parametrize("per_actor", [1, 2])
 def test_ray_and_loopback_give_the_same_summary(scenario: Scenario, per_actor: int) -> None:
     params = _params(scenario)
-    loop = run_inprocess(scenario, params, np.random.default_rng(5), run_id="eq").result
-    ray_run = run_ray(scenario, params, seed=5, run_id="eq", owners_per_actor=per_actor)
+    noise = NoiseSource.reproducible(5)  # the same noise in both: the comparison is exact
+    loop = run_inprocess(scenario, params, noise.generator("curator"), run_id="eq").result
+    ray_run = run_ray(scenario, params, noise, run_id="eq", owners_per_actor=per_actor)
     assert ray_run["state"] == "done"
     assert [(p["owner"], p["token"]) for p in ray_run["provenance"]] == [
         (p.owner, p.token) for p in loop.provenance
@@ -47,7 +49,7 @@ def test_killed_owner_actor_is_dropped_and_the_run_completes(scenario: Scenario)
     res = run_ray(
         scenario,
         _params(scenario, max_lost=1),
-        seed=6,
+        noise=NoiseSource.reproducible(6),
         run_id="kill",
         faults=FaultPlan(kill_at={victim: 3}),
     )
@@ -60,7 +62,7 @@ def test_slow_owner_misses_the_deadline(scenario: Scenario) -> None:
     res = run_ray(
         scenario,
         _params(scenario, phase_timeout=0.5),
-        seed=7,
+        noise=NoiseSource.reproducible(7),
         run_id="slow",
         faults=FaultPlan(delay={slow: 3.0}),
     )
@@ -76,7 +78,7 @@ def test_refusal_above_t_journals_and_resumes(scenario: Scenario, tmp_path: Path
     res = run_ray(
         scenario,
         _params(scenario, max_lost=1),
-        seed=8,
+        noise=NoiseSource.reproducible(8),
         run_id="refuse",
         faults=faults,
         journal=str(journal),
@@ -87,7 +89,7 @@ def test_refusal_above_t_journals_and_resumes(scenario: Scenario, tmp_path: Path
     resumed = run_ray(
         scenario,
         _params(scenario, max_lost=1),
-        seed=8,
+        noise=NoiseSource.reproducible(8),
         run_id="refuse",
         journal=str(journal),
         snapshot=snapshot,
