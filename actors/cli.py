@@ -26,7 +26,7 @@ from dpmarket.actors.evaluate import (
     evaluate,
     utility_main,
 )
-from dpmarket.actors.randomness import NOISE_WARNING
+from dpmarket.actors.randomness import NOISE_WARNING, NoiseSource
 from dpmarket.actors.regress import add_regress_parser
 from dpmarket.actors.scenarios import digits_split
 from dpmarket.actors.sketch_cli import add_sketch_parser
@@ -69,12 +69,16 @@ def _demo(args: argparse.Namespace) -> int:
         f"dpmarket {_version()} digits: scenario {config.scenario}, seeds {list(config.seeds)}, "
         f"p {list(config.p)}, in-process (LoopbackTransport)"
     )
+    noise = NoiseSource.reproducible(0) if args.reproducible_noise else NoiseSource.secure()
+    if args.reproducible_noise:
+        print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)
     table = evaluate(
         lambda rng: make_scenario(config.scenario, rng),
         list(config.p),
         list(config.seeds),
         config.delta,
         configure=config.apply,
+        noise=noise,
     )
     print_table(
         table, "MMD^2 to the test set (lower is better), LinearSVC accuracy, points accessed"
@@ -142,6 +146,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         str(args.eps_validation),
         "--delta",
         str(args.delta),
+        *(["--reproducible-noise"] if args.reproducible_noise else []),
     ]
     return utility_main([*argv, "--quick"] if args.quick else argv)
 
@@ -156,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--config", help="TOML file (see configs/evaluate.toml)")
     demo.add_argument("--quick", action="store_true", help="one seed, the first two sizes")
+    demo.add_argument(
+        "--reproducible-noise",
+        action="store_true",
+        help="simulation switch: noise from a public seed, so the table repeats (not private)",
+    )
     demo.set_defaults(func=_demo)
     for name, text in (
         ("run", "run a market on Ray (embedded local instance unless --address)"),

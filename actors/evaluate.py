@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 from sklearn.svm import LinearSVC
 
+from dpmarket.actors.randomness import NOISE_WARNING, NoiseSource, public_generator
 from dpmarket.actors.runner import baselines, run_inprocess
 from dpmarket.actors.scenarios import digits_split
 from dpmarket.protocol.accounting import PrivacyLedger
@@ -123,19 +125,22 @@ def evaluate(
     seeds: list[int],
     delta: float,
     configure: Callable[[CuratorParams], CuratorParams] | None = None,
+    noise: NoiseSource | None = None,
 ) -> EvaluationTable:
-    """Run every method for every (seed, p); average over seeds."""
+    """Run every method for every (seed, p); average over seeds. ``noise``: where the private
+    runs' noise comes from (OS entropy unless a reproducible simulation source is given)."""
+    noise = noise or NoiseSource.secure()
     scores: dict[str, dict[int, list[float]]] = {}
     accuracy: dict[str, dict[int, list[float]]] = {}
     accessed: dict[int, list[float]] = {p: [] for p in p_values}
     moved: dict[int, list[float]] = {p: [] for p in p_values}
     eps: dict[str, Any] = {}
     for seed in seeds:
-        scenario = make_scenario(np.random.default_rng(seed))
+        scenario = make_scenario(public_generator(seed))
         for p in p_values:
             params = paper_params(p, scenario.gamma, seed, len(scenario.owners), delta)
             params = configure(params) if configure else params
-            summaries, result = _summaries(scenario, params, seed)
+            summaries, result = _summaries(scenario, params, seed, noise)
             for method, (X, y) in summaries.items():
                 score = mmd2(X, scenario.test_X, scenario.gamma)
                 acc = svm_accuracy(X, y, scenario.test_X, scenario.test_y.astype(np.float64))
@@ -155,19 +160,19 @@ def evaluate(
 
 
 def _summaries(
-    scenario: Scenario, params: CuratorParams, seed: int
+    scenario: Scenario, params: CuratorParams, seed: int, noise: NoiseSource
 ) -> tuple[dict[str, tuple[F64, F64]], SummaryResult]:
-    rng = np.random.default_rng([seed, params.p])
-    res = run_inprocess(scenario, params, rng).result
+    res = run_inprocess(scenario, params, noise.generator(f"digits:{seed}:{params.p}")).result
     if res.points is None:
         raise ValueError("evaluation needs the trusted mode (points), not the less-trusted mode")
-    base_rng = np.random.default_rng([seed, params.p, 1])  # independent of the private run
+    base_rng = public_generator([seed, params.p, 1])  # the harness's public draws
     base = baselines(scenario, params.p, params.d, params.gamma, params.h1_seed, base_rng)
     noiseless = dataclasses.replace(
         params, eps_validation=NOISELESS_EPS, eps_summary=NOISELESS_EPS, eps_seed=NOISELESS_EPS,
         validation_sigma=1.0 / NOISELESS_EPS, summary_sigma=1.0 / NOISELESS_EPS,
     )  # fmt: skip
-    clean = run_inprocess(scenario, noiseless, np.random.default_rng([seed, params.p])).result
+    clean_rng = noise.generator(f"digits-noiseless:{seed}:{params.p}")
+    clean = run_inprocess(scenario, noiseless, clean_rng).result
     assert clean.points is not None
     methods = {
         "protocol_noiseless": (clean.points, clean.labels),
@@ -336,9 +341,13 @@ def _score(scores: _Scores, X: F64, y: F64, scenario: Scenario) -> None:
 
 
 def _run_mechanism(
-    scores: _Scores, scenario: Scenario, params: CuratorParams, seed: int, delta: float
+    scores: _Scores,
+    scenario: Scenario,
+    params: CuratorParams,
+    delta: float,
+    rng: np.random.Generator,
 ) -> None:
-    res = run_inprocess(scenario, params, np.random.default_rng([seed, params.p, 2])).result
+    res = run_inprocess(scenario, params, rng).result
     if res.points is None or len(res.points) == 0:
         raise ValueError(f"the private run returned no points ({res.reason})")
     _score(scores, res.points, res.labels, scenario)
@@ -360,23 +369,26 @@ def evaluate_utility(
     seeds: list[int],
     budget: tuple[float, float, float] = (1.0, 3.0, 1e-5),
     explore_share: float = EXPLORE_SHARE,
+    noise: NoiseSource | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (dataset, mechanism, p): means over seeds (issue 6, Deliver 2).
 
     ``gap_closed = (uniform - private) / (uniform - greedy)`` on the seed-mean MMD^2 (exact RBF,
     to the test set); epsilons are the worst over seeds (and, for owners, over owners), PLD at
-    delta; ``points_accessed`` counts distinct owner points the curator received.
+    delta; ``points_accessed`` counts distinct owner points the curator received. ``noise``:
+    where the private runs' noise comes from (OS entropy unless a simulation source is given).
     """
+    noise = noise or NoiseSource.secure()
     rows = []
     for dataset in datasets:
         cells: dict[tuple[str, int], _Scores] = {}
         for seed in seeds:
-            scenario = utility_scenario(dataset, np.random.default_rng(seed))
+            scenario = utility_scenario(dataset, public_generator(seed))
             X, labels, owner_of = scenario.pooled()
             y = labels.astype(np.float64)
             for p in p_values:
                 exact = greedy_exact(X, scenario.validation, p, scenario.gamma)
-                uniform = uniform_sample(owner_of, p, np.random.default_rng([seed, p, 1]))
+                uniform = uniform_sample(owner_of, p, public_generator([seed, p, 1]))
                 for name, idx in (("greedy", exact), ("uniform", uniform)):
                     _score(cells.setdefault((name, p), _Scores()), X[idx], y[idx], scenario)
                 for mech in mechanisms:
@@ -384,10 +396,11 @@ def evaluate_utility(
                         mech, dataset, p, scenario, seed, budget, explore_share
                     )
                     scores = cells.setdefault((mech, p), _Scores())
-                    _run_mechanism(scores, scenario, params, seed, budget[2])
+                    rng = noise.generator(f"utility:{dataset}:{mech}:{seed}:{p}")
+                    _run_mechanism(scores, scenario, params, budget[2], rng)
                     if params.final_selection == "exact":  # same purchase, bought at random
                         size = min(int(scores.accessed[-1]), len(X))
-                        bought = uniform_sample(owner_of, size, np.random.default_rng([seed, p, 3]))
+                        bought = uniform_sample(owner_of, size, public_generator([seed, p, 3]))
                         kept = bought[
                             greedy_exact(X[bought], scenario.validation, p, scenario.gamma)
                         ]
@@ -471,6 +484,10 @@ def build_utility_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--eps-validation", type=float, default=3.0)
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument(
+        "--reproducible-noise", action="store_true",
+        help="simulation switch: noise from a public seed, so the numbers repeat (not private)",
+    )  # fmt: skip
+    parser.add_argument(
         "--explore-share", type=_share, default=EXPLORE_SHARE,
         help="exploration points per summary point of the -select mechanisms (default "
         f"{EXPLORE_SHARE})",
@@ -499,7 +516,12 @@ def utility_main(argv: list[str] | None = None) -> int:
         mechanisms = [m for m in mechanisms if m in ("paper", "tree", "herding", "herding-select")]
     budget = (args.eps_owner, args.eps_validation, args.delta)
     start = time.perf_counter()
-    rows = evaluate_utility(args.datasets, mechanisms, p_values, seeds, budget, args.explore_share)
+    noise = NoiseSource.reproducible(0) if args.reproducible_noise else NoiseSource.secure()
+    if args.reproducible_noise:
+        print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)
+    rows = evaluate_utility(
+        args.datasets, mechanisms, p_values, seeds, budget, args.explore_share, noise
+    )
     print(
         f"utility: seeds {seeds}, budgets eps_owner <= {budget[0]}, eps_validation <= "
         f"{budget[1]} at delta {budget[2]:g} (PLD), explore share {args.explore_share:g}; "

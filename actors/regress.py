@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from typing import Any
 
 import numpy as np
 
 from dpmarket.actors.config import ConfigError
+from dpmarket.actors.randomness import NOISE_WARNING, NoiseSource, public_generator
 from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.regression import RegressionConfig, fit_nonprivate
 from dpmarket.protocol.regression_dca import fit_dca
@@ -45,9 +47,19 @@ def _load(name: str) -> tuple[np.ndarray, np.ndarray]:
 def _regress(args: argparse.Namespace) -> int:
     if not (args.eps > 0 and 0 < args.delta < 1):
         raise ConfigError("--eps must be > 0 and --delta in (0, 1)")
+    if args.reproducible_noise and args.data != "diabetes":
+        raise ConfigError(
+            f"--reproducible-noise: refused with --data {args.data} (noise from a public seed "
+            "would make the released statistics of private records reversible)"
+        )
     x, y = _load(args.data)
-    rng = np.random.default_rng(args.seed)
-    order = rng.permutation(len(x))
+    order = public_generator(args.seed).permutation(len(x))  # the public train/test split
+    if args.reproducible_noise:
+        print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)
+        noise = NoiseSource.reproducible(args.seed)
+    else:
+        noise = NoiseSource.secure()
+    rng = noise.generator("regress")
     cut = int(len(x) * (1 - args.test_fraction))
     train, test = order[:cut], order[cut:]
     cfg = RegressionConfig()
@@ -98,6 +110,11 @@ def add_regress_parser(sub: Any) -> None:
     cmd.add_argument("--nodes", type=int, default=3, help="M: compute nodes")
     cmd.add_argument("--no-projection", action="store_true")
     cmd.add_argument("--test-fraction", type=float, default=0.2)
-    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--seed", type=int, default=0, help="the public train/test split's seed")
+    cmd.add_argument(
+        "--reproducible-noise",
+        action="store_true",
+        help="simulation only (the bundled diabetes data): noise from --seed, not private",
+    )
     cmd.add_argument("--json", action="store_true")
     cmd.set_defaults(func=_regress)

@@ -7,7 +7,8 @@
   widths, families or bounds differ).
 - ``release IN --eps E [--delta D] --out OUT``: Laplace(R/eps) on every counter (Algorithm 1,
   pure eps-DP, one record added or removed), or with ``--delta`` the Gaussian mechanism at L2
-  sensitivity sqrt(R) calibrated to (eps, delta). Noise from OS entropy unless ``--seed``.
+  sensitivity sqrt(R) calibrated to (eps, delta). Noise from a CSPRNG keyed by the OS
+  (actors/randomness.py); a sketch is built from real files, so there is no seeded noise.
 - ``query IN --points FILE.csv [--normalize]``: the KDE estimate at each point (sketch or release).
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from dpmarket.actors.config import ConfigError
+from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.errors import RemoteProtocolError
 from dpmarket.streams.lsh import make_family
 from dpmarket.streams.race import RaceRelease, RaceSketch, gaussian_sigma
@@ -90,7 +91,7 @@ def _release(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.sketch}: already a release")
     if not args.eps > 0:
         raise ConfigError(f"--eps must be positive, got {args.eps}")
-    rng = np.random.default_rng(args.seed if args.seed is not None else secrets.randbits(128))
+    rng = NoiseSource.secure().generator("sketch-release")  # never from a seed: the data is real
     if args.delta is None:
         release = sketch.release_laplace(args.eps, rng)
     else:
@@ -144,7 +145,6 @@ def add_sketch_parser(sub: Any) -> None:
     release.add_argument("sketch")
     release.add_argument("--eps", type=float, required=True)
     release.add_argument("--delta", type=float, help="Gaussian mechanism at this delta")
-    release.add_argument("--seed", type=int, help="noise seed (simulation only)")
     release.add_argument("--out", required=True)
     release.set_defaults(func=_release)
     query = verbs.add_parser("query", help="KDE estimates at points from a CSV file")

@@ -26,4 +26,6 @@ import sys
 from dpmarket.actors.evaluate import utility_main
 
 if __name__ == "__main__":
-    sys.exit(utility_main(sys.argv[1:]))
+    # a benchmark is a simulation on bundled public data: its numbers must repeat, so its
+    # noise follows a public seed (actors/randomness.py; never in a deployed run)
+    sys.exit(utility_main(["--reproducible-noise", *sys.argv[1:]]))

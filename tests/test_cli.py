@@ -134,7 +134,7 @@ def test_sketch_build_merge_release_query(
         == 0
     )
     released = str(tmp_path / "r.race")
-    assert main(["sketch", "release", merged, "--eps", "1", "--seed", "1", "--out", released]) == 0
+    assert main(["sketch", "release", merged, "--eps", "1", "--out", released]) == 0
     capsys.readouterr()
     (tmp_path / "q.csv").write_text("0,0,0\n3,3,3\n")
     assert main(["sketch", "query", released, "--points", str(tmp_path / "q.csv")]) == 0
