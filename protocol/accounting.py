@@ -35,6 +35,7 @@ __all__ = [
     "AUCTION_VARIANTS",
     "MECHANISMS",
     "METHODS",
+    "REPLACE_ONE_RECORD",
     "EventMeta",
     "MechanismEvent",
     "PrivacyLedger",
@@ -46,6 +47,7 @@ MECHANISMS = ("laplace", "gaussian", "exponential", "auction", "approx_dp")
 METHODS = ("pld", "theorem7", "paper")
 AUCTION_VARIANTS = ("paper", "pure")
 ADD_REMOVE = "add/remove one record"
+REPLACE_ONE_RECORD = "replace one record (the count is public)"
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "laplace": ("scale",),
     "gaussian": ("sigma",),

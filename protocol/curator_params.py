@@ -49,7 +49,7 @@ class CuratorParams:
     max_epochs: int | None = None  # steering epochs (auction steps); exploration comes on top
     less_trusted: bool = False
     verify_tolerance: float = 1e-4
-    neighbouring: str = "add_remove"
+    neighbouring: str = "replace"  # m and q are public: replace-one is the honest relation
     max_deliveries: int = 3
     max_lost: int | None = None
     known_colluders: int = 0
@@ -121,8 +121,13 @@ class CuratorParams:
 
     @property
     def sensitivity(self) -> float:
-        """Sensitivity of a quantised coordinate sum: 1 under add/remove (the paper's Theorem 6
-        relation, counts public), 2 under replacement (fixed-size neighbouring summaries)."""
+        """Sensitivity (in units of one clipped record) of the curator's released sums.
+
+        2 under ``"replace"``, the default: m = |D_v| and q = |S| are published (report.json's
+        ``validation_size``, the divisor of every released mean), so two neighbouring data sets
+        have the same size and differ in one substituted record. 1 under ``"add_remove"`` (the
+        paper's Theorems 2 and 6), which is honest only if the count itself is never released
+        exactly; kept selectable to reproduce the paper's accounting."""
         return 1.0 if self.neighbouring == "add_remove" else 2.0
 
     @property

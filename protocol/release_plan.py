@@ -104,7 +104,7 @@ class ReleasePlan:
     tau: int
     max_epochs: int
     summary_events: int
-    neighbouring: str = "add_remove"
+    neighbouring: str = "replace"
     max_deliveries: int = 3
     herding_ascent_steps: int = 0
     final_selection: str = "none"
@@ -148,7 +148,7 @@ def plan_releases(
     delta: float = 1e-5,
     summary: str = "herding",
     auction: str = "all",
-    replace: bool = False,
+    replace: bool = True,
     d_bounds: tuple[int, int] = (64, 256),
     auction_share: float = 0.5,
     select: bool = False,
@@ -165,6 +165,10 @@ def plan_releases(
     the composed PLD epsilon within eps_owner. "herding" costs owners nothing; it withdraws a
     point after one delivery (``max_deliveries = 1``, module docstring), the others after three,
     and moves each virtual point by :data:`HERDING_ASCENT_STEPS` gradient steps.
+
+    ``replace`` (the default): charge and calibrate under replace-one neighbours (sensitivity
+    2 clip of every released sum: m and p are public, protocol/releases.py); ``False`` gives the
+    paper's add/remove accounting with public counts, which under-charges.
 
     ``select``: oversample, then select (protocol/selection.py): the run opens with
     ``ceil(explore_share p / n_owners)`` exploration epochs (every owner asked for a uniformly

@@ -9,8 +9,15 @@ Theory of operation
 ``||h1(x)||_2 <= sqrt(2)`` for every x (each of the d coordinates is ``sqrt(2/d) cos(.)``), and in
 practice ``||h1(x)||^2 = 1 +- 1/sqrt(2d)``. The Gaussian releases first clip every h1 vector to
 L2 norm ``clip_norm`` (``sqrt(2)`` never clips), so one record moves a sum of h1 vectors by at
-most ``Delta = clip_norm`` under add/remove (counts public, as the paper's Theorem 6) and
-``2 clip_norm`` under replacement. Noise is ``N(0, (z Delta)^2 I_d)``, ``z`` the noise multiplier.
+most ``Delta = 2 clip_norm`` under replace-one, the default (``neighbouring = "replace"``), and
+``clip_norm`` under add/remove. Noise is ``N(0, (z Delta)^2 I_d)``, ``z`` the noise multiplier.
+
+Neighbouring relation: m = |D_v| and q = |S| are published (report.json's ``validation_size``;
+the divisor of every released mean; the summary's size), so the honest relation is replace-one:
+two data sets of the same, public size that differ in one substituted record. Add/remove with
+a public count (the paper's Theorems 2 and 6) under-charges by about a factor of two in
+epsilon; it stays selectable (``neighbouring = "add_remove"``) only to reproduce the paper.
+Every event records the relation it was charged under.
 
 g_tilde, mean of h1 over the validation set D_v (party ``validation``):
 * ``"mwem"``: h2 of Algorithm 2 (``validation_iterations`` exponential + Laplace steps).
@@ -74,7 +81,12 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from dpmarket.protocol.accounting import MechanismEvent, PrivacyLedger
+from dpmarket.protocol.accounting import (
+    ADD_REMOVE,
+    REPLACE_ONE_RECORD,
+    MechanismEvent,
+    PrivacyLedger,
+)
 from dpmarket.protocol.hashing import MwemHash, RandomFourierFeatures
 
 if TYPE_CHECKING:  # the curator imports this module; its params type is needed for checking only
@@ -95,6 +107,7 @@ __all__ = [
     "clip_rows",
     "make_summary_channel",
     "public_candidates",
+    "relation",
     "release_validation",
 ]
 
@@ -120,6 +133,11 @@ def _gaussian_delta_factor(params: ReleaseParams) -> float:
     return float(params.clip_norm * params.sensitivity)
 
 
+def relation(params: ReleaseParams) -> str:
+    """The neighbouring relation every event of these releases is charged under."""
+    return ADD_REMOVE if params.neighbouring == "add_remove" else REPLACE_ONE_RECORD
+
+
 def release_validation(
     H_validation: npt.ArrayLike,
     params: ReleaseParams,
@@ -137,16 +155,19 @@ def release_validation(
     if params.validation_release == "mwem":
         eps, rounds, s = params.eps_validation, params.validation_iterations, params.sensitivity
         release = MwemHash(params.d, params.grid_step).release(H, eps, rounds, rng)
-        ledger.exponential(eps, s, count=rounds, label="h2(validation) selection")
+        ledger.exponential(eps, s, count=rounds, label="h2(validation) selection",
+                           neighbouring=relation(params))  # fmt: skip
         ledger.laplace(1.0 / eps, s, count=rounds, label="h2(validation) measure",
-                       paper_epsilon=eps)  # fmt: skip
+                       paper_epsilon=eps, neighbouring=relation(params))  # fmt: skip
         return np.asarray(release.mean, dtype=np.float64)
     if params.validation_release != "gaussian":
         raise ValueError(f"validation_release must be one of {VALIDATION_RELEASES}")
     delta_l2 = _gaussian_delta_factor(params)
     sigma = params.validation_sigma * delta_l2
     noisy = clip_rows(H, params.clip_norm).sum(axis=0) + rng.normal(0.0, sigma, H.shape[1])
-    ledger.gaussian(sigma, delta_l2, label="gaussian(validation mean)")
+    ledger.gaussian(
+        sigma, delta_l2, label="gaussian(validation mean)", neighbouring=relation(params)
+    )
     return np.asarray(noisy / H.shape[0], dtype=np.float64)
 
 
@@ -183,11 +204,11 @@ class MwemChannel:
         params = (("eps_score", p.eps_summary),)
         select = MechanismEvent(
             "exponential", params, p.sensitivity, p.summary_iterations,
-            label="h2(summary) selection",
+            neighbouring=relation(p), label="h2(summary) selection",
         )  # fmt: skip
         measure = MechanismEvent(
             "laplace", (("scale", 1.0 / p.eps_summary),), p.sensitivity, p.summary_iterations,
-            label="h2(summary) measure", paper_epsilon=p.eps_summary,
+            neighbouring=relation(p), label="h2(summary) measure", paper_epsilon=p.eps_summary,
         )  # fmt: skip
         q = len(summary_H)
         g = (out.mean * len(H) - self.seed_sum) / q
@@ -201,13 +222,15 @@ class GaussianChannel:
         self.delta_l2 = _gaussian_delta_factor(params)
         self.sigma = params.summary_sigma * self.delta_l2
         self.clip_norm = params.clip_norm
+        self.relation = relation(params)
 
     def release(self, summary_H: F32, rng: np.random.Generator) -> SummaryRelease:
         total = clip_rows(summary_H, self.clip_norm).sum(axis=0)
         noisy = total + rng.normal(0.0, self.sigma, total.shape)
         event = MechanismEvent(
-            "gaussian", (("sigma", self.sigma),), self.delta_l2, label="gaussian(summary sum)"
-        )
+            "gaussian", (("sigma", self.sigma),), self.delta_l2,
+            neighbouring=self.relation, label="gaussian(summary sum)",
+        )  # fmt: skip
         return SummaryRelease(np.asarray(noisy / len(summary_H), dtype=np.float64), (event,))
 
 
@@ -260,6 +283,7 @@ class TreeChannel:
     def __init__(self, params: ReleaseParams) -> None:
         self.delta_l2 = _gaussian_delta_factor(params)
         self.clip_norm = params.clip_norm
+        self.relation = relation(params)
         self.tree = TreeAggregator(params.d, params.summary_sigma * self.delta_l2)
 
     def release(self, summary_H: F32, rng: np.random.Generator) -> SummaryRelease:
@@ -271,7 +295,10 @@ class TreeChannel:
         if grown:
             params = (("sigma", self.tree.sigma),)
             label = "tree(summary sum) node"
-            events = (MechanismEvent("gaussian", params, self.delta_l2, grown, label=label),)
+            events = (
+                MechanismEvent("gaussian", params, self.delta_l2, grown,
+                               neighbouring=self.relation, label=label),
+            )  # fmt: skip
         g = self.tree.prefix() / self.tree.t
         return SummaryRelease(np.asarray(g, dtype=np.float64), events)
 

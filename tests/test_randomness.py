@@ -137,8 +137,10 @@ _CONSTRUCTORS = {
     "default_rng", "Generator", "RandomState", "SeedSequence", "PCG64", "PCG64DXSM", "MT19937",
     "Philox", "SFC64", "ChaCha", "AESCounter", "ThreeFry", "seed",
 }  # fmt: skip
-_GLOBAL_STATE = {"random", "normal", "uniform", "laplace", "choice", "permutation", "shuffle",
-                 "integers", "randint", "rand", "randn", "standard_normal", "exponential"}  # fmt: skip
+_GLOBAL_STATE = {
+    "random", "normal", "uniform", "laplace", "choice", "permutation", "shuffle", "integers",
+    "randint", "rand", "randn", "standard_normal", "exponential",
+}  # fmt: skip
 
 # public randomness in the sans-I/O layers: (module, enclosing function) that may seed a
 # generator from a public value. Everything else takes its generator as an argument.
@@ -164,10 +166,7 @@ def _constructions(path: Path) -> list[tuple[int, str, str]]:
                 last = name.rsplit(".", 1)[-1]
                 on_module = name.rsplit(".", 1)[0] in ("np.random", "numpy.random", "random")
                 if last in _CONSTRUCTORS or (on_module and last in _GLOBAL_STATE):
-                    if name not in ("np.random.Generator", "numpy.random.Generator") or (
-                        child.args or child.keywords
-                    ):
-                        found.append((child.lineno, scope, name))
+                    found.append((child.lineno, scope, name))
             if isinstance(child, ast.Import | ast.ImportFrom):
                 names = [a.name for a in child.names]
                 if "random" in names or getattr(child, "module", None) == "random":

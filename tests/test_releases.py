@@ -15,7 +15,7 @@ import pytest
 from dp_accounting import gaussian_mechanism
 
 from dpmarket.actors.runner import run_inprocess
-from dpmarket.protocol.accounting import PrivacyLedger
+from dpmarket.protocol.accounting import ADD_REMOVE, REPLACE_ONE_RECORD, PrivacyLedger
 from dpmarket.protocol.curator import CuratorParams
 from dpmarket.protocol.hashing import MwemHash, RandomFourierFeatures
 from dpmarket.protocol.objective import greedy_hashed, hashed_bids
@@ -137,7 +137,9 @@ def test_tree_channel_charges_one_gaussian_per_level() -> None:
         assert release.g_summary.shape == (8,)
     assert charged_at == [1, 2, 4, 8, 16]
     (event,) = ledger.events
-    assert event.count == (29).bit_length() and event.param("sigma") == pytest.approx(3.6)
+    # replace-one (the default: q is public): Delta = 2 clip, sigma = z Delta
+    assert event.count == (29).bit_length() and event.param("sigma") == pytest.approx(7.2)
+    assert event.sensitivity == pytest.approx(2.4) and event.neighbouring == REPLACE_ONE_RECORD
     gaussian = GaussianChannel(params).release(rows[:3], np.random.default_rng(0))
     assert [e.count for e in gaussian.events] == [1]
 
@@ -284,3 +286,54 @@ def test_herding_ascent_moves_virtual_points_up_the_residual_inside_the_box() ->
     np.testing.assert_array_equal(np.array(again._points), np.array(moved._points))  # replay
     assert plan_releases(40, 50, 4, summary="herding").herding_ascent_steps == 30
     assert plan_releases(40, 50, 4, summary="tree").herding_ascent_steps == 0
+
+
+# ------------------------------------------------------- neighbouring relation (issue 12.3)
+def test_replace_one_is_the_default_and_the_honest_relation_with_m_public() -> None:
+    """m = |D_v| is published, so neighbours have the same size and differ in one substituted
+    point; one substitution moves the clipped sum by up to 2 clip (more than the add/remove
+    sensitivity clip), which is what the ledger now charges."""
+    params = CuratorParams(p=10, d=64, validation_release="gaussian", clip_norm=1.1)
+    assert params.neighbouring == "replace" and params.sensitivity == 2.0
+    H = hashed(2000, 64)
+    C = clip_rows(H, 1.1)
+    moved = max(float(np.linalg.norm(C[i] - C[j])) for i in range(50) for j in range(50))
+    assert 1.1 < moved <= 2 * 1.1 + 1e-12  # add/remove's Delta = clip would under-charge
+    z = gaussian_noise_multiplier(3.0 * (1 - 1e-4), DELTA)
+    ledger = PrivacyLedger("validation")
+    release_validation(H[:40], dataclasses.replace(params, validation_sigma=z), ledger,
+                       np.random.default_rng(0))  # fmt: skip
+    (event,) = ledger.events
+    assert event.neighbouring == REPLACE_ONE_RECORD
+    assert event.sensitivity == pytest.approx(2.2) and event.param("sigma") == pytest.approx(
+        2.2 * z
+    )
+    assert ledger.epsilon(DELTA) == pytest.approx(3.0, abs=0.01)
+    paper = PrivacyLedger("validation")
+    release_validation(H[:40], dataclasses.replace(params, validation_sigma=z,
+                       neighbouring="add_remove"), paper, np.random.default_rng(0))  # fmt: skip
+    assert paper.events[0].neighbouring == ADD_REMOVE and paper.events[0].sensitivity == 1.1
+
+
+def test_validation_noise_scale_under_replace_one() -> None:
+    """The released sum's noise has standard deviation z * 2 clip (8,000 draws: a variance
+    window of 5 standard errors; a sigma off by two fails)."""
+    z, clip, d = 1.39, 1.1, 64
+    params = CuratorParams(p=10, d=d, validation_release="gaussian", clip_norm=clip,
+                           validation_sigma=z)  # fmt: skip
+    H = hashed(40, d)
+    exact = clip_rows(H, clip).sum(axis=0)
+    rng = np.random.default_rng(11)
+    noise = np.stack([
+        release_validation(H, params, PrivacyLedger("v"), rng) * len(H) - exact
+        for _ in range(125)
+    ])  # fmt: skip
+    ratio = float(np.mean(noise**2)) / (z * 2 * clip) ** 2
+    assert abs(ratio - 1.0) < 5 * math.sqrt(2.0 / noise.size)
+
+
+def test_plan_charges_replace_one_by_default() -> None:
+    plan = plan_releases(100, 32, 5, select=True)
+    assert plan.neighbouring == "replace"
+    paper = plan_releases(100, 32, 5, select=True, replace=False)
+    assert paper.neighbouring == "add_remove" and paper.d >= plan.d
