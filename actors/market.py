@@ -380,6 +380,10 @@ def run_market(
         timings["utility"] = time.perf_counter() - tick
     run = config.public_record() | {
         "noise": config.noise.describe(),
+        "neighbouring": {
+            "curator releases": "replace one record: m and q are public, sensitivity 2 clip",
+            "secure sums": "add/remove one record: counts are released only with noise",
+        },
         "validation_size": len(inputs.owners.validation),
         "ray": {"address": connected["address"]},
         "gamma": inputs.gamma,
