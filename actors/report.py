@@ -74,7 +74,8 @@ transport counters are functions of the auction outcomes of all owners (who was 
 point won), which depend on D_v only through its DP release; no ledger charges them as such.
 With tau = 1 every bidder is asked each epoch. They stay public because parsimony is a promise
 to the owners that they must be able to check; an operator holding to the ledger alone can
-withhold them.
+withhold them. Likewise a ``faults`` entry naming an owner dropped in the "asking" phase,
+or whose delivery was rejected, shows that it was asked: kept public as fault evidence.
 
 Files: ``report.json`` and ``privacy.png`` (public); ``report.private.json``, ``summary.csv``
 (one row per summary point: owner, token, epoch, bid, gain, label, features), ``summary.npz``
