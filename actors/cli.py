@@ -101,12 +101,13 @@ def _market(args: argparse.Namespace) -> int:
             return 0
         outcome = run_market(config, Path(args.out) if args.out else None, args.address)
     if outcome.report is not None:
-        _print_report(outcome.report)
+        _print_report(outcome.report, outcome.consumer_report)
     print(outcome.message, file=sys.stderr if outcome.exit_code else sys.stdout)
     return outcome.exit_code
 
 
-def _print_report(report: dict[str, Any]) -> None:
+def _print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None) -> None:
+    """Print the public ``report`` and, when given, the consumer's utility (actors/report.py)."""
     outcome, parsimony = report["outcome"], report["parsimony"]
     print(f"state {outcome['state']} after {outcome['epochs']} epochs: {outcome['reason']}")
     print(
@@ -123,7 +124,7 @@ def _print_report(report: dict[str, Any]) -> None:
             pooled = entry["against_colluders"]
             line += f"; vs colluders {'inf' if pooled is None else f'{pooled:.3f}'}"
         print(line)
-    for name, row in report.get("utility", {}).items():
+    for name, row in (consumer or {}).get("utility", {}).items():
         print(f"utility {name:<8} MMD^2 {row['mmd2']:.5f}  LinearSVC {row['svm_accuracy']:.3f}")
     lost = report["faults"]["lost"]
     if lost:

@@ -8,7 +8,8 @@ so the round's deadlines mean the same everywhere.
 
 Phases of a market run built on it (the ``[privacy]`` budgets of the config):
 - normalise: each owner sends its clipped per-feature sums, sums of squares and count; the
-  released pool means and spreads are reported (and broadcast to owners by the report).
+  released pool count, means and spreads go into the public report.json (actors/report.py) and,
+  with ``standardize`` on, reach the owners as h1's center and scale in the summary's setup frame.
 - scan: each owner sends its RACE sketch counters; the curator gets a DP sketch of the pool and
   scores how well the pool covers the validation set (mean KDE of the pool at validation points).
 """

@@ -30,7 +30,7 @@ from dpmarket.actors.evaluate import svm_accuracy
 from dpmarket.actors.faults import FaultPlan, fault_verdicts
 from dpmarket.actors.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
 from dpmarket.actors.randomness import public_generator
-from dpmarket.actors.report import mmd2_by_prefix, write_outputs
+from dpmarket.actors.report import CONSUMER_REPORT, mmd2_by_prefix, write_outputs
 from dpmarket.actors.runner import OwnerInputs, RayMarket, spawn_market, unique_actors
 from dpmarket.actors.scenarios import digits_split
 from dpmarket.protocol.objective import mmd2
@@ -55,7 +55,8 @@ JOURNAL_DIR = ".journal"
 class MarketOutcome:
     exit_code: int
     message: str
-    report: dict[str, Any] | None
+    report: dict[str, Any] | None  # the public report.json
+    consumer_report: dict[str, Any] | None = None  # report.private.json (actors/report.py)
 
 
 def make_market_scenario(config: MarketConfig) -> Scenario:
@@ -388,7 +389,7 @@ def run_market(
         "ray": {"address": connected["address"]},
         "gamma": inputs.gamma,
     }
-    report = write_outputs(
+    reports = write_outputs(
         out,
         run,
         payload,
@@ -398,7 +399,13 @@ def run_market(
         utility or None,
         curves,
     )
-    return MarketOutcome(EXIT_OK, f"dpmarket: run complete, outputs in {out}", report)
+    return MarketOutcome(
+        EXIT_OK,
+        f"dpmarket: run complete, outputs in {out} (report.json public; "
+        f"{CONSUMER_REPORT} and summary.* the consumer's)",
+        reports.public,
+        reports.consumer,
+    )
 
 
 def resume_market(out: Path, address: str | None = None) -> MarketOutcome:

@@ -1,40 +1,93 @@
-"""What a run leaves in ``--out``: the summary, ``report.json`` and plots.
+"""What a run leaves in ``--out``: a public report, the consumer's report, the summary and plots.
 
-``report.json`` schema (version 1; fields are only ever added):
+The outputs are split by who may read them:
 
-- ``schema``: 1; ``run``: the public configuration (K, M, T, p, budgets, kernel, data, faults).
-- ``outcome``: ``state`` ("done"), ``reason``, ``epochs``, ``exploration_epochs`` (the first
-  epochs, in which every owner delivered a uniform draw and no auction ran).
+- ``report.json`` is **public**: it may be handed to the owners. It holds the public
+  configuration, what every owner observes while taking part, the DP releases (each charged to
+  the ledgers the report shows) and post-processing of those, never a value computed from the
+  exact validation set D_v or from an owner's exact data.
+- ``report.private.json`` is the **consumer's**: every field computed from D_v beyond its DP
+  release, or from owners' exact values. Like ``summary.csv``, ``summary.npz`` and
+  ``mmd_by_epoch.png`` it must not reach an owner.
+
+Each report has its own builder (:func:`public_report`, :func:`consumer_report`) and a table of
+field -> why (:data:`PUBLIC_FIELDS`, :data:`CONSUMER_FIELDS`, :data:`PUBLIC_SECURE`,
+:data:`PUBLIC_TIMINGS`). A top-level key missing from its report's table is refused when the
+report is built, so a new field cannot be written without deciding its side; inside
+``secure_phases`` and ``timings`` whatever the allow-lists do not name goes to the consumer.
+``tests/test_report.py`` checks that this docstring names every key of both tables.
+
+Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides):
+
+- ``schema``: 2.
+- ``run``: the configuration (K, M, T, p, budgets, kernel, data, faults, noise), all public;
+  ``validation_size`` m (public: the neighbouring relations treat m as known), the kernel width
+  ``gamma`` (median heuristic on the public seed set, or the config's), the Ray address.
+- ``outcome``: ``state``, ``reason``, ``epochs``, ``exploration_epochs`` (the first epochs, in
+  which every owner delivered a uniform draw and no auction ran): every owner takes part in
+  every epoch and sees them.
 - ``privacy``: per protected party, epsilon at ``delta`` by the ledger (``pld``, ``theorem7``)
   and ``paper`` (as the paper counts it), the events, and for each honest owner the guarantee
-  against the simulated coalition of colluders (their auction observations pooled).
-- ``parsimony``: distinct points accessed, total transfers, rho = (distinct + m) / (p + m),
-  ``final_selection`` ("exact": the summary is the exact-greedy choice among the
-  ``purchased_pool`` verified deliveries, protocol/selection.py; "none": the epoch winners).
-- ``value``: sum of winning marginal gains per owner (value attribution). Under
-  ``final_selection = "exact"`` these are exact gains against D_v: for the consumer only; paying
-  owners by them would release a function of D_v to the owners (pay per delivery instead).
-- ``faults``: owners lost (epoch), frames late, deliveries rejected; ``verdicts``: per simulated
-  fault whether it was tolerated (and how), not triggered, with the T budget used.
-- ``timings``: seconds per phase.
-- ``secure_phases``: the normalise round (DP pool count, per-feature means and spreads) and
-  the scan round (coverage of the validation set by the DP pool sketch), with their noise;
-  ``standardize``: the center, scale and kernel width h1 used (post-processing of normalise).
-- ``owners``: per live owner at the end: records held, records ingested from files, rejects,
-  epochs seen, times asked.
-- ``utility`` (simulation only, computed by the harness from data it generated, never by the
-  curator): MMD^2 to the test set and LinearSVC accuracy of the private summary, exact greedy and
-  uniform sampling.
+  against the simulated coalition of colluders: what each party was charged, computed from the
+  events (mechanism and parameters), not from data.
+- ``parsimony``: ``summary_size`` (p), ``validation_size`` (m), ``distinct_points``,
+  ``total_transfers``, rho = (distinct + m) / (p + m), ``final_selection`` (the configured mode:
+  "exact" or "none") and ``purchased_pool`` (verified deliveries): the parsimony the owners are
+  promised; see "Aggregate counts" below.
+- ``faults``: owners lost (epoch), dropped, frames late, deliveries rejected, the colluders,
+  transport counters and ``verdicts`` (per simulated fault: tolerated and how, or not triggered,
+  with the T budget used): which parties failed and how T was spent, which owners need to check.
+- ``timings``: ``start`` and ``ingest_and_summarise`` seconds (wall clock the owners observe).
+- ``secure_phases``: the secure-sum rounds' DP releases and their noise: ``normalise`` (DP pool
+  count, per-feature means and spreads; with ``standardize`` on, owners also receive the means
+  and floored spreads as h1's center and scale in the setup frame), ``scan`` and each entry of
+  ``refreshes`` without their coverage (status, sigma, owners missing; a refresh's
+  ``records_estimate`` reads the DP pool sketch alone), ``standardize`` (center, scale, gamma:
+  post-processing of normalise and of the public seed set), the compute nodes, T, the share
+  scheme, absent owners and errors. Any key of a round outside :data:`PUBLIC_SECURE` goes to
+  the consumer's report.
 
-Files: ``summary.csv`` (one row per summary point: owner, token, epoch, bid, gain, label,
-features), ``summary.npz`` (points or hashes, labels, provenance), ``report.json``,
-``mmd_by_epoch.png`` (simulation), ``privacy.png``.
+Consumer's ``report.private.json`` (schema 2):
+
+- ``schema``: 2.
+- ``value``: sum of winning marginal gains per owner (value attribution). Under
+  ``final_selection = "exact"`` these are exact gains against D_v; otherwise the winners' gains,
+  from the owners' exact points. Paying owners by them would release a function of D_v to the
+  owners: pay per delivery instead.
+- ``selection``: the final selection's provenance: points kept per owner (``kept_by_owner``)
+  and the files naming each kept point (owner, token, epoch). Which purchased points the exact
+  selection kept is a function of D_v; which owner won an epoch, of the verified gains.
+- ``secure_phases``: what the public section withholds: the scan's ``coverage`` (mean KDE of the
+  DP pool sketch at the exact validation points) and each refresh's ``coverage``.
+- ``owners``: per live owner at the end: records held, records ingested from files, rejects,
+  epochs seen, times asked, errors. Exact counts of an owner's records (no noise), and every
+  owner's asks (the auction's outcomes: a ledger charges each owner for its own ask bit, and a
+  coalition for its members' bits, not for every owner's). Operational data for whoever runs
+  the market with the consumer; never for another owner.
+- ``timings``: seconds of the harness's ``utility`` computation (simulation).
+- ``utility`` (simulation only, computed by the harness from data it generated, never by the
+  curator): MMD^2 to the test set and LinearSVC accuracy of the summary, exact greedy and
+  uniform sampling; the summary is the consumer's.
+
+Aggregate counts. ``distinct_points``, ``total_transfers``, ``purchased_pool``, rho and the
+transport counters are functions of the auction outcomes of all owners (who was asked, whose
+point won), which depend on D_v only through its DP release; no ledger charges them as such.
+With tau = 1 every bidder is asked each epoch. They stay public because parsimony is a promise
+to the owners that they must be able to check; an operator holding to the ledger alone can
+withhold them. Likewise a ``faults`` entry naming an owner dropped in the "asking" phase,
+or whose delivery was rejected, shows that it was asked: kept public as fault evidence.
+
+Files: ``report.json`` and ``privacy.png`` (public); ``report.private.json``, ``summary.csv``
+(one row per summary point: owner, token, epoch, bid, gain, label, features), ``summary.npz``
+(points or hashes, labels, provenance) and ``mmd_by_epoch.png`` (simulation) are the consumer's.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +98,63 @@ from dpmarket.actors.curator import write_json_atomic
 from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.objective import rbf_gram
 
-__all__ = ["REPORT_SCHEMA", "mmd2_by_prefix", "privacy_section", "write_outputs"]
+__all__ = [
+    "CONSUMER_FIELDS",
+    "CONSUMER_REPORT",
+    "PUBLIC_FIELDS",
+    "PUBLIC_REPORT",
+    "PUBLIC_SECURE",
+    "PUBLIC_TIMINGS",
+    "REPORT_SCHEMA",
+    "Reports",
+    "consumer_report",
+    "mmd2_by_prefix",
+    "privacy_section",
+    "public_report",
+    "split_secure_phases",
+    "write_outputs",
+]
 
-REPORT_SCHEMA = 1
+REPORT_SCHEMA = 2
+PUBLIC_REPORT, CONSUMER_REPORT = "report.json", "report.private.json"
+
+# Every key of each report, with the reason for its side (the module docstring in full).
+PUBLIC_FIELDS: dict[str, str] = {
+    "schema": "the format version",
+    "run": "the configuration (all public), m, gamma from the public seed set, the Ray address",
+    "outcome": "state, reason and epochs: every owner takes part in every epoch",
+    "privacy": "each party's ledger: what it was charged, computed from the events",
+    "parsimony": "p, m, the configured final selection, aggregate counts owners are promised",
+    "faults": "lost, dropped and colluding parties, late frames, rejects, T used",
+    "timings": "wall clock of the run's phases, observed by every owner",
+    "secure_phases": "the secure sums' DP releases and noise (PUBLIC_SECURE)",
+}
+CONSUMER_FIELDS: dict[str, str] = {
+    "schema": "the format version",
+    "value": "sum of winning marginal gains per owner: gains against D_v",
+    "selection": "which purchased points the final selection kept: a function of D_v",
+    "secure_phases": "coverage of D_v by the DP pool sketch (scan and each refresh)",
+    "owners": "exact per-owner record counts and every owner's asks",
+    "timings": "the harness's utility computation",
+    "utility": "MMD^2 and accuracy of the consumer's summary on the harness's test set",
+}
+# Keys of ``secure_phases`` whose value is public whole (None), or per round (and per refresh
+# entry) the keys that are public; every other key goes to the consumer's report.
+PUBLIC_SECURE: dict[str, frozenset[str] | None] = {
+    "skipped": None,
+    "nodes": None,
+    "tolerance": None,
+    "shares": None,
+    "absent": None,
+    "errors": None,
+    "standardize": None,
+    "normalise": frozenset({"status", "reason", "count", "mean", "std", "sigma", "missing"}),
+    "scan": frozenset({"status", "reason", "sigma", "missing"}),
+    "refreshes": frozenset(
+        {"epoch", "round", "status", "reason", "records_estimate", "releases", "sigma", "missing"}
+    ),
+}
+PUBLIC_TIMINGS = frozenset({"start", "ingest_and_summarise"})
 F64 = npt.NDArray[np.float64]
 
 
@@ -150,24 +257,58 @@ def _plots(out: Path, privacy: dict[str, Any], curves: dict[str, F64]) -> None:
     plt.close(fig)
 
 
-def write_outputs(
-    out: Path,
+def split_secure_phases(secure: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``secure_phases`` as (public, consumer's) by :data:`PUBLIC_SECURE`: a refresh entry's
+    withheld keys keep its ``epoch`` and ``round`` beside them in the consumer's part."""
+    public: dict[str, Any] = {}
+    withheld: dict[str, Any] = {}
+    for key, value in secure.items():
+        if key not in PUBLIC_SECURE:
+            withheld[key] = value
+            continue
+        allowed = PUBLIC_SECURE[key]
+        if allowed is None:
+            public[key] = value
+        elif isinstance(value, dict):
+            public[key] = {k: v for k, v in value.items() if k in allowed}
+            rest = {k: v for k, v in value.items() if k not in allowed}
+            if rest:
+                withheld[key] = rest
+        elif isinstance(value, list):
+            public[key] = [{k: v for k, v in e.items() if k in allowed} for e in value]
+            rest_list = [
+                {"epoch": e.get("epoch"), "round": e.get("round")}
+                | {k: v for k, v in e.items() if k not in allowed}
+                for e in value
+                if set(e) - allowed
+            ]
+            if rest_list:
+                withheld[key] = rest_list
+        else:  # an unexpected shape: not provably public
+            withheld[key] = value
+    return public, withheld
+
+
+def _checked(report: dict[str, Any], table: dict[str, str], name: str) -> dict[str, Any]:
+    """Refuse a report key that its table does not place (a new field needs a decision)."""
+    unplaced = sorted(set(report) - set(table))
+    if unplaced:
+        raise ValueError(f"{name}: fields {unplaced} have no documented side (actors/report.py)")
+    return report
+
+
+def public_report(
     run: dict[str, Any],
     payload: dict[str, Any],
-    delta: float,
+    privacy: dict[str, Any],
     colluders: tuple[str, ...],
     timings: dict[str, float],
-    utility: dict[str, Any] | None = None,
-    curves: dict[str, F64] | None = None,
-    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write summary files, report.json and plots into ``out``; return the report."""
-    out.mkdir(parents=True, exist_ok=True)
-    _write_summary(out, payload)
-    privacy = privacy_section(payload["ledgers"], delta, colluders)
+    """``report.json``: only public fields (:data:`PUBLIC_FIELDS`; module docstring)."""
     m = int(run.get("validation_size", 0))
     p = len(payload["provenance"])
-    report: dict[str, Any] = {
+    public_secure, _ = split_secure_phases(payload.get("secure_phases", {}))
+    report = {
         "schema": REPORT_SCHEMA,
         "run": run,
         "outcome": {
@@ -186,7 +327,6 @@ def write_outputs(
             "final_selection": payload.get("final_selection", "none"),
             "purchased_pool": payload.get("purchased", 0),
         },
-        "value": payload["value"],
         "faults": {
             "lost": payload["lost"],
             "dropped": payload["dropped"],
@@ -196,14 +336,64 @@ def write_outputs(
             "verdicts": payload.get("fault_verdicts", []),
             "transport": payload["transport"],
         },
-        "timings": timings,
+        "timings": {k: v for k, v in timings.items() if k in PUBLIC_TIMINGS},
+        "secure_phases": public_secure,
+    }
+    return _checked(report, PUBLIC_FIELDS, PUBLIC_REPORT)
+
+
+def consumer_report(
+    payload: dict[str, Any], timings: dict[str, float], utility: dict[str, Any] | None
+) -> dict[str, Any]:
+    """``report.private.json``: the fields derived from D_v or from owners' exact values
+    (:data:`CONSUMER_FIELDS`; module docstring)."""
+    _, withheld = split_secure_phases(payload.get("secure_phases", {}))
+    kept = Counter(str(p["owner"]) for p in payload["provenance"])
+    report: dict[str, Any] = {
+        "schema": REPORT_SCHEMA,
+        "value": payload["value"],
+        "selection": {
+            "final_selection": payload.get("final_selection", "none"),
+            "kept_by_owner": dict(sorted(kept.items())),
+            "provenance_files": ["summary.csv", "summary.npz"],
+        },
+        "secure_phases": withheld,
         "owners": payload.get("owners", {}),
-        "secure_phases": payload.get("secure_phases", {}),
+        "timings": {k: v for k, v in timings.items() if k not in PUBLIC_TIMINGS},
     }
     if utility is not None:
         report["utility"] = utility
-    if extra:
-        report.update(extra)
-    write_json_atomic(out / "report.json", report)
+    return _checked(report, CONSUMER_FIELDS, CONSUMER_REPORT)
+
+
+@dataclass(frozen=True)
+class Reports:
+    """A run's two reports: ``public`` (report.json), ``consumer`` (report.private.json)."""
+
+    public: dict[str, Any]
+    consumer: dict[str, Any]
+
+
+def write_outputs(
+    out: Path,
+    run: dict[str, Any],
+    payload: dict[str, Any],
+    delta: float,
+    colluders: tuple[str, ...],
+    timings: dict[str, float],
+    utility: dict[str, Any] | None = None,
+    curves: dict[str, F64] | None = None,
+) -> Reports:
+    """Write the summary files, both reports and the plots into ``out``. The public report is
+    written last: its presence marks a finished run (``run_market`` checks it)."""
+    out.mkdir(parents=True, exist_ok=True)
+    _write_summary(out, payload)
+    privacy = privacy_section(payload["ledgers"], delta, colluders)
+    reports = Reports(
+        public_report(run, payload, privacy, colluders, timings),
+        consumer_report(payload, timings, utility),
+    )
     _plots(out, privacy, curves or {})
-    return report
+    write_json_atomic(out / CONSUMER_REPORT, reports.consumer)
+    write_json_atomic(out / PUBLIC_REPORT, reports.public)
+    return reports

@@ -52,8 +52,10 @@ def test_file_market_ingests_clips_and_rejects(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert main(["run", str(config), "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["parsimony"]["summary_size"] == 8 and "utility" not in report
-    owners = report["owners"]
+    consumer = json.loads((out / "report.private.json").read_text())
+    assert report["parsimony"]["summary_size"] == 8 and "utility" not in consumer
+    assert "owners" not in report  # exact record counts are not for the other owners
+    owners = consumer["owners"]
     assert owners["owner-1"]["ingested"] == len(sc.owners[0][0])
     assert owners["owner-1"]["rejected_records"] == 3
     rejects = [
@@ -95,7 +97,8 @@ def test_streaming_owners_take_in_records_written_during_the_run(tmp_path: Path)
     ]
     assert main(args) == 0
     report = json.loads((out / "report.json").read_text())
-    ingested = [o["ingested"] for o in report["owners"].values()]
+    consumer = json.loads((out / "report.private.json").read_text())
+    ingested = [o["ingested"] for o in consumer["owners"].values()]
     initial = [round(0.4 * 500)] * 4
     assert all(i > first for i, first in zip(ingested, initial, strict=True))
     # the pool sketch was refreshed every 5 epochs from disjoint deltas, each one charged

@@ -44,8 +44,10 @@ def test_run_writes_summary_report_and_plots(tmp_path: Path) -> None:
     assert code == 0
     rows = read_pool_rows(stale / "journal.pool.jsonl")  # this run's purchases only
     assert rows and all(r["owner"] != "stale" for r in rows)
-    report = json.loads((out / "report.json").read_text())
-    assert report["schema"] == 1 and report["outcome"]["state"] == "done"
+    report = json.loads((out / "report.json").read_text())  # public: may go to the owners
+    consumer = json.loads((out / "report.private.json").read_text())
+    assert report["schema"] == consumer["schema"] == 2 and report["outcome"]["state"] == "done"
+    assert not {"value", "utility", "owners", "selection"} & set(report)
     assert report["parsimony"]["summary_size"] == 12
     assert set(report["privacy"]["parties"]) == {
         "owner-1",
@@ -54,15 +56,19 @@ def test_run_writes_summary_report_and_plots(tmp_path: Path) -> None:
         "owner-4",
         "validation",
     }
-    assert {"private", "greedy", "uniform"} <= set(report["utility"])
-    for name in ("summary.csv", "summary.npz", "mmd_by_epoch.png", "privacy.png"):
+    assert {"private", "greedy", "uniform"} <= set(consumer["utility"])
+    assert sum(consumer["selection"]["kept_by_owner"].values()) == 12
+    assert set(consumer["value"]) == {"owner-1", "owner-2", "owner-3", "owner-4"}
+    files = ("summary.csv", "summary.npz", "mmd_by_epoch.png", "privacy.png", "report.private.json")
+    for name in files:
         assert (out / name).stat().st_size > 0
     assert len((out / "summary.csv").read_text().splitlines()) == 13
     secure = report["secure_phases"]
     normalise, scan = secure["normalise"], secure["scan"]
     assert normalise["status"] == scan["status"] == "released" and secure["shares"] == "derived"
     assert abs(normalise["count"] - 1500) < 6 * normalise["sigma"]  # DP count of the pool
-    assert 0 < scan["coverage"] < 1
+    assert "coverage" not in scan  # reads D_v: the consumer's
+    assert 0 < consumer["secure_phases"]["scan"]["coverage"] < 1
     events = report["privacy"]["parties"]["owner-2"]["events"]["events"]
     labels = {e["label"]: e["mechanism"] for e in events}
     assert labels["normalise (secure sum)"] == labels["scan (secure sum)"] == "gaussian"
