@@ -139,6 +139,9 @@ def _drive(
         if inputs.writer is not None:
             inputs.writer.start()
         secure = _secure_phases(config, inputs, market, snapshot)
+        if "refused" in secure:  # a secure round short of T: nothing after it runs
+            refused: dict[str, Any] = secure["refused"]
+            return refused
         standard = _standardize(config, inputs, market, secure, snapshot)
         payload = _summarise(config, market, plan, journal, snapshot)
         payload["secure_phases"] = secure | {
@@ -198,6 +201,7 @@ def _secure_phases(
         bound=value_bound,
         frac_bits=frac,
         shares=config.dca_shares,
+        colluders=tuple(config.faults.colluders),  # they count against T in every round
     )
     handles = {n: ComputeNodeActor.remote(dca, n) for n in nodes}  # type: ignore[attr-defined]
     plan = {
@@ -366,12 +370,12 @@ def run_market(
     )
     timings["ingest_and_summarise"] = time.perf_counter() - tick
     if payload["state"] == "refused":
-        return MarketOutcome(
-            EXIT_REFUSED,
-            f"dpmarket: {payload['reason']}; resume with "
-            f"`dpmarket resume {out}` when the owners are back",
-            None,
+        after = (
+            "nothing to resume: run again with at most T colluding or lost owners"
+            if payload.get("refusal", {}).get("before_start")
+            else f"resume with `dpmarket resume {out}` when the owners are back"
         )
+        return MarketOutcome(EXIT_REFUSED, f"dpmarket: {payload['reason']}; {after}", None)
     utility: dict[str, Any] = {}
     curves: dict[str, Any] = {}
     if inputs.scenario is not None:
@@ -409,6 +413,8 @@ def resume_market(out: Path, address: str | None = None) -> MarketOutcome:
         raise ConfigError(f"{out}: no resumable journal ({exc})") from None
     if snapshot.get("state") == "done":
         raise ConfigError(f"{out}: the journaled run already finished")
+    if (snapshot.get("refusal") or {}).get("before_start"):
+        raise ConfigError(f"{out}: refused in a secure-sum phase before summarising; run again")
     pool = snapshot.get("pool") or {}
     if "count" in pool and "rows" not in pool:  # the rows live in the append-only pool file
         held = len(read_pool_rows(pool_file(journal_dir / "journal.json")))

@@ -14,9 +14,16 @@ Client (sender only: it accepts no message)::
 Aggregator::
 
     idle     open_round(spec, deadline)   -> waiting, dca.open to every node
+             (known colluders alone > T: insufficient at once, nothing sent -> idle)
     waiting  dca.partial (all M, same set) -> release, ledger event -> idle
-    waiting  dca.abort / sets differ / > T missing -> no release -> idle
+    waiting  dca.abort / sets differ / missing + colluders > T -> no release -> idle
+    waiting  cancel(reason)               -> cancelled, no release -> idle
     waiting  expire(now >= deadline + result_timeout) -> failed, no release -> idle
+
+Collusion: the clients missing from the agreed set and the known colluders
+(``DcaConfig.colluders``) together count against T in every round; a round where they exceed T
+releases nothing and charges nothing (:meth:`DcaConfig.shortfall` states why that keeps
+sigma_std^2 of honest noise against any curious client).
 
 Privacy of a client's contribution: the value share is blinded by M - 1 PRG streams that only
 the other nodes can compute (derived from their pair keys, or from seeds sealed to them), so any
@@ -182,6 +189,10 @@ class Client:
             )
         grid = self._checked_grid(spec, values)
         self.config.check_round(spec)
+        everyone = np.ones(self.config.n_clients, dtype=np.bool_)
+        if self.config.shortfall(everyone) > self.config.tolerance:
+            reason = self.config.shortfall_reason(everyone)
+            raise ValueError(f"contribute: unsafe session, {reason}")
         noise = sample_discrete_gaussian(self.config.client_grid_sigma(spec), grid.shape, rng)
         noise[self._withhold] = 0
         if self._reveal:
@@ -304,6 +315,10 @@ class Aggregator:
             raise ValueError(f"deadline must be finite, got {deadline!r}")
         self.config.check_round(spec)
         self.state, self._waiting = "waiting", _Waiting(spec, deadline)
+        everyone = np.ones(self.config.n_clients, dtype=np.bool_)
+        if self.config.shortfall(everyone) > self.config.tolerance:  # colluders alone exceed T
+            self._finish("insufficient", self.config.shortfall_reason(everyone))
+            return []
         body = spec.open_body(deadline)
         return [self._out.make(node, spec.round, body) for node in self.config.nodes]
 
@@ -325,6 +340,12 @@ class Aggregator:
         silent = sorted(set(self.config.nodes) - set(waiting.partials))
         self._finish("failed", f"compute nodes {silent} did not answer")
         return []
+
+    def cancel(self, reason: str) -> None:
+        """End the open round now, releasing nothing and charging nothing (status
+        ``cancelled``); partials that arrive later are counted as late. No-op when idle."""
+        if self._waiting is not None:
+            self._finish("cancelled", reason)
 
     def result(self, round_: int) -> RoundResult | None:
         return self.results.get(round_)
@@ -365,10 +386,8 @@ class Aggregator:
         included = unpack_set(next(iter(waiting.partials.values())).included, self.config.n_clients)
         if included is None:  # pragma: no cover - every partial's set was checked on receipt
             raise LocalProtocolError("dca.partial.included: unreadable after the check")
-        missing = self.config.n_clients - int(included.sum())
-        if missing > self.config.tolerance:
-            reason = f"{missing} clients missing, more than T = {self.config.tolerance}"
-            self._finish("insufficient", reason, included)
+        if self.config.shortfall(included) > self.config.tolerance:
+            self._finish("insufficient", self.config.shortfall_reason(included), included)
             return
         total = ring_sum(np.stack([p.total for p in waiting.partials.values()]))
         self._finish("released", "", included, total)

@@ -117,6 +117,8 @@ class DcaSession:
         self._frames, self._bytes, self.refused, self._kinds = 0, 0, [], Counter()
         deadline = self.now + timeout
         self.deliver(self.aggregator.open_round(spec, deadline))
+        if self.aggregator.result(spec.round) is not None:  # refused at the open
+            return self._collect(spec)
         start = 0
         for client in self.clients:
             rows = x[start : start + len(client.members)]

@@ -7,7 +7,8 @@ Transition table (state, kind) -> handler; anything else is refused with the sta
     collecting dca.shares    open sealed frames, keep the valid rows; all expected in -> agreeing
     any        dca.seen      a peer's received set (for the open round, or the next one early)
     collecting expire(now >= deadline)                  -> agreeing, send own set to peers
-    agreeing   all M sets in: intersect; > T missing -> dca.abort, else dca.partial -> idle
+    agreeing   all M sets in: intersect; missing + colluders > T -> dca.abort,
+               else dca.partial -> idle
     agreeing   expire(now >= deadline + agreement_timeout) -> dca.abort (peer silent) -> idle
 
 Rows of a ``dca.shares`` batch are judged one by one (unknown or duplicate client, failed
@@ -21,7 +22,8 @@ vouches in its set for every other client it holds a pair key for.
 Privacy: a node sees, per client, either a uniform share (value node) or a seed (sealed seeds) or
 nothing but its own derived mask; its partial sum is uniform unless all M nodes' partials are
 added. It releases a partial only for an agreed set
-with at most T clients missing, so no node helps to release a sum over too few clients.
+with at most T clients missing or known to collude (``DcaConfig.colluders``), so no node helps
+to release a sum with less than sigma_std^2 of honest noise against a curious client.
 """
 
 from __future__ import annotations
@@ -296,10 +298,9 @@ class ComputeNode:
         included = rnd.own.copy()
         for other in rnd.peers.values():
             included &= other
-        missing = self.config.n_clients - int(included.sum())
-        if missing > self.config.tolerance:
-            reason = f"{missing} clients missing, more than T = {self.config.tolerance}"
-            return self._finish(rnd, AbortBody(reason, missing))
+        short = self.config.shortfall(included)  # missing plus known colluders
+        if short > self.config.tolerance:
+            return self._finish(rnd, AbortBody(self.config.shortfall_reason(included), short))
         return self._finish(rnd, PartialBody(self._partial(rnd, included), pack_set(included)))
 
     def _partial(self, rnd: _Round, included: BoolArray) -> U64:
