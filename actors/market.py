@@ -170,7 +170,6 @@ def _secure_phases(
     ``[privacy].refresh_every`` the nodes stay up for the refresh rounds (actors/refresh.py)."""
     import ray
 
-    from dpmarket.actors.compute import ComputeNodeActor
     from dpmarket.protocol.securesum import DcaConfig
     from dpmarket.protocol.securesum_driver import _auto_frac_bits
 
@@ -203,7 +202,7 @@ def _secure_phases(
         shares=config.dca_shares,
         colluders=tuple(config.faults.colluders),  # they count against T in every round
     )
-    handles = {n: ComputeNodeActor.remote(dca, n) for n in nodes}  # type: ignore[attr-defined]
+    handles = _spawn_nodes(dca, market)
     plan = {
         "config": dca,
         "behaviours": {o: "withhold" for o in config.faults.colluders},
@@ -239,6 +238,29 @@ def _secure_phases(
         market.compute_nodes = {}
     print(file=sys.stderr)
     return result
+
+
+def _spawn_nodes(dca: Any, market: RayMarket) -> dict[str, Any]:
+    """The operator's key handling: each compute node's X25519 key is made here and handed to
+    its actor only; its SHA-256 fingerprint goes to every owner directly (never through the
+    curator, which relays the keys); each owner's key is pinned at the nodes the same way."""
+    import ray
+
+    from dpmarket.actors.compute import ComputeNodeActor
+    from dpmarket.protocol.sealing import generate_keypair, key_fingerprint
+
+    owners = market.owners
+    publics = ray.get([owners[o].dca_identity.remote(o) for o in dca.clients])
+    client_keys = dict(zip(dca.clients, publics, strict=True))
+    handles, pins = {}, {}
+    for name in dca.nodes:
+        private, public = generate_keypair()
+        pins[name] = key_fingerprint(public)
+        handles[name] = ComputeNodeActor.remote(  # type: ignore[attr-defined]
+            dca, name, private.private_bytes_raw(), client_keys
+        )
+    ray.get([owners[o].dca_pin.remote(o, pins) for o in dca.clients])
+    return handles
 
 
 def _standardize(

@@ -4,10 +4,14 @@ Theory of operation
 -------------------
 N clients (a public roster), M >= 2 compute nodes, one aggregator, tolerance T.
 
-Session (once): every compute node holds an X25519 key pair whose public half reaches clients by
-configuration. A client party (hosting one client or a batch of them) draws one X25519 key pair
-per hosted client, derives one PRK per (client, node) pair and sends ``dca.register`` (indices
-and public keys) to every node; each node derives the same PRKs. What follows from the PRK
+Session (once): every compute node holds an X25519 key pair made or loaded by the operator; its
+public half may reach clients through a relay, but each client checks it against a SHA-256
+fingerprint the operator gave it directly (``Client(pinned=...)``) and refuses a mismatch. A
+client party (hosting one client or a batch of them) holds one X25519 key pair per hosted client,
+derives one PRK per (client, node) pair and sends ``dca.register`` (indices, public keys and a
+proof per pair: an HMAC under the PRK) to every node; each node derives the same PRKs, checks
+the proofs, and, given the clients' public keys pinned by the operator (``client_keys``),
+refuses a key registered under another client's name. What follows from the PRK
 depends on ``DcaConfig.shares``:
 
 * ``"derived"`` (default): one HKDF-Expand per pair gives the pair's mask key; blinding shares
@@ -94,6 +98,7 @@ __all__ = [
     "frame_aad",
     "pack_set",
     "pair_salt",
+    "register_info",
     "round_key_info",
     "unpack_set",
 ]
@@ -116,10 +121,14 @@ _DOMAIN = "dpmarket/dca/v1"
 @register("dca.register")
 @dataclass(frozen=True, slots=True)
 class RegisterBody(Body):
-    """Client party -> node: roster indices (uint32) and raw X25519 public keys (uint8, n x 32)."""
+    """Client party -> node: roster indices (uint32), raw X25519 public keys (uint8, n x 32) and
+    proofs (uint8, n x 32): HMAC under each pair's PRK of :func:`register_info` (only the
+    holder of the client's private key, or the node, can compute it). Optional on the wire
+    (added field); nodes refuse a registration without them."""
 
     clients: Array
     public_keys: Array
+    proofs: Array | None = None
 
 
 @register("dca.open")
@@ -204,6 +213,11 @@ def frame_aad(digest: bytes, node: str, kind: str) -> bytes:
     """AEAD associated data of a round's frames to ``node``: round digest (run, round, spec),
     node and kind. The client is bound by the frame's key (each pair has its own round key)."""
     return length_prefixed(_DOMAIN + "/frame", digest, node, kind)
+
+
+def register_info(run: str, client: str, node: str, client_key: bytes, node_key: bytes) -> bytes:
+    """What a registration proof authenticates: the client's name and key for this node."""
+    return length_prefixed(_DOMAIN + "/register", run, client, node, client_key, node_key)
 
 
 def pair_salt(run: str, client: str, node: str, client_key: bytes, node_key: bytes) -> bytes:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.dca_masks import ClientMasks, MaskCipher, mask_cipher
@@ -55,6 +56,7 @@ from dpmarket.protocol.dca_spec import (
     SharesBody,
     frame_aad,
     pair_salt,
+    register_info,
     round_key_info,
     unpack_set,
 )
@@ -72,6 +74,7 @@ from dpmarket.protocol.sealing import (
     RoundKeyring,
     expand_rows,
     generate_keypair,
+    key_fingerprint,
     pair_secret,
     random_seeds,
     seal_rows,
@@ -86,6 +89,7 @@ __all__ = [
     "Client",
     "ComputeNode",
     "DcaConfig",
+    "NodeKeyMismatch",
     "RoundResult",
     "RoundSpec",
 ]
@@ -99,9 +103,16 @@ _CHUNK_ELEMENTS = 1 << 21  # client rows x d per sealed batch (16 MiB of shares)
 class Client:
     """One or many roster clients hosted by one party (one owner, or a batch in a benchmark).
 
-    ``node_keys`` are the compute nodes' public keys, obtained authentically. ``behaviour``
-    (simulation only) marks members as colluders: ``"reveal"`` adds noise and records it in
-    ``revealed`` for the adversary, ``"withhold"`` adds none; everybody else is ``"honest"``.
+    ``node_keys`` are the compute nodes' public keys, possibly relayed; ``pinned`` maps every
+    node to the SHA-256 fingerprint of its key (:func:`key_fingerprint`) as the operator gave it
+    to this party directly, not through the relay. A relayed key that does not match its pin
+    raises :class:`NodeKeyMismatch` at construction: no registration, no share is ever sealed
+    to it, so a relay that swaps keys learns nothing. ``pinned=None`` means the caller obtained
+    ``node_keys`` authentically itself (in-process harnesses). ``identity`` is the members'
+    X25519 private keys when the operator pinned their public halves at the nodes (one per
+    member); otherwise fresh ones are drawn at :meth:`start`. ``behaviour`` (simulation only)
+    marks members as colluders: ``"reveal"`` adds noise and records it in ``revealed`` for the
+    adversary, ``"withhold"`` adds none; everybody else is ``"honest"``.
     """
 
     def __init__(
@@ -111,6 +122,9 @@ class Client:
         node_keys: Mapping[str, bytes],
         members: Sequence[str] | None = None,
         behaviour: Mapping[str, str] | None = None,
+        *,
+        pinned: Mapping[str, str] | None = None,
+        identity: Sequence[X25519PrivateKey] | None = None,
     ) -> None:
         members = tuple(members) if members is not None else (name,)
         roster = config.index
@@ -122,6 +136,11 @@ class Client:
         bad_keys = [n for n in config.nodes if len(node_keys.get(n, b"")) != PUBLIC_KEY_BYTES]
         if bad_keys:
             raise ValueError(f"node_keys: missing or malformed for {bad_keys}")
+        if pinned is not None:
+            check_pins(config.nodes, node_keys, pinned)
+        if identity is not None and len(identity) != len(members):
+            raise ValueError(f"identity: {len(identity)} keys for {len(members)} members")
+        self._identity = list(identity) if identity is not None else None
         behaviour = dict(behaviour or {})
         odd = {m: b for m, b in behaviour.items() if m not in members or b not in BEHAVIOURS}
         if odd:
@@ -151,14 +170,22 @@ class Client:
         (sealed seeds)."""
         if self.state != "new":
             raise LocalProtocolError(f"start: client party {self.name} is already {self.state}")
-        pairs = [generate_keypair() for _ in self.members]
+        if self._identity is not None:
+            pairs = [(k, k.public_key().public_bytes_raw()) for k in self._identity]
+        else:
+            pairs = [generate_keypair() for _ in self.members]
         keyrings: dict[str, RoundKeyring] = {}
         ciphers: list[list[MaskCipher]] = []
+        proofs: dict[str, bytes] = {}
         for node, node_key in self._node_keys.items():
             prks = [
                 PairKey(pair_secret(key, node_key, pair_salt(self.run, m, node, public, node_key)))
                 for m, (key, public) in zip(self.members, pairs, strict=True)
             ]
+            proofs[node] = b"".join(
+                prk.mac(register_info(self.run, m, node, public, node_key))
+                for prk, m, (_, public) in zip(prks, self.members, pairs, strict=True)
+            )
             if self.config.shares == "derived":
                 ciphers.append([mask_cipher(p, self.config.prg) for p in prks])
             else:
@@ -167,11 +194,13 @@ class Client:
         if self.config.shares == "derived":
             self._masks = ClientMasks(self._index, ciphers)
         publics = np.frombuffer(b"".join(p for _, p in pairs), dtype=np.uint8)
-        body = RegisterBody(
-            self._index.astype(np.uint32), publics.reshape(-1, PUBLIC_KEY_BYTES).copy()
-        )
+        publics = publics.reshape(-1, PUBLIC_KEY_BYTES).copy()
         self._keyrings, self.state = keyrings, "ready"
-        return [self._out.make(node, 0, body) for node in self.config.nodes]
+        index = self._index.astype(np.uint32)
+        return [
+            self._out.make(node, 0, RegisterBody(index, publics, _rows(proofs[node])))
+            for node in self.config.nodes
+        ]
 
     def contribute(
         self, spec: RoundSpec, values: npt.ArrayLike, rng: np.random.Generator
@@ -272,6 +301,32 @@ class Client:
             )
             out.append(self._out.make(node, spec.round, body))
         return out
+
+
+class NodeKeyMismatch(ValueError):
+    """A compute node's key (as relayed) does not match the fingerprint pinned out of band."""
+
+
+def check_pins(
+    nodes: Sequence[str], node_keys: Mapping[str, bytes], pinned: Mapping[str, str]
+) -> None:
+    """``NodeKeyMismatch`` naming every node whose relayed key is not the pinned one.
+
+    Security: the pins come from the operator, not from the relay, so a relay (curator) that
+    substitutes its own key for a node's is caught before any share is sealed to that key."""
+    unpinned = [n for n in nodes if n not in pinned]
+    if unpinned:
+        raise NodeKeyMismatch(f"pinned: no fingerprint for compute nodes {unpinned}")
+    bad = [n for n in nodes if key_fingerprint(bytes(node_keys[n])) != pinned[n].lower()]
+    if bad:
+        raise NodeKeyMismatch(
+            f"node_keys: the keys of compute nodes {bad} do not match their pinned SHA-256 "
+            "fingerprints (swapped by the relay?); refusing to register"
+        )
+
+
+def _rows(raw: bytes) -> npt.NDArray[np.uint8]:
+    return np.frombuffer(raw, dtype=np.uint8).reshape(-1, 32).copy()
 
 
 @dataclass
