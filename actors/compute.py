@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import ray
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from dpmarket.protocol.errors import RemoteProtocolError
 from dpmarket.protocol.messages import ReplayGuard, decode, encode
@@ -16,10 +17,20 @@ __all__ = ["ComputeNodeActor"]
 
 @ray.remote(num_cpus=0)
 class ComputeNodeActor:
-    """Ray actor around one compute node of the secure sum (its X25519 key never leaves it)."""
+    """Ray actor around one compute node of the secure sum. ``private_key`` (raw X25519 bytes)
+    comes from the operator, who pins its fingerprint at the owners; ``client_keys`` are the
+    owners' public keys the operator collected from them directly (registrations under another
+    key are refused). The private key goes nowhere but here."""
 
-    def __init__(self, config: DcaConfig, name: str) -> None:
-        self._node = ComputeNode(config, name)
+    def __init__(
+        self,
+        config: DcaConfig,
+        name: str,
+        private_key: bytes | None = None,
+        client_keys: dict[str, bytes] | None = None,
+    ) -> None:
+        key = X25519PrivateKey.from_private_bytes(private_key) if private_key else None
+        self._node = ComputeNode(config, name, key, client_keys)
         self._guard = ReplayGuard()
         self.errors: list[str] = []
 

@@ -256,6 +256,8 @@ class CuratorActor:
         moments = await hub.round(spec, "moments", {"bound": bound}, plan["timeout"])
         record_for_owners(self._curator.ledgers, moments, "normalise (secure sum)")
         out["normalise"] = _moments_summary(moments, k)
+        if (refused := self._refuse_short(moments, "secure sum: normalise")) is not None:
+            return out | {"refused": refused}
         sk = plan["sketch"]
         rows, width = int(sk["rows"]), int(sk["width"])
         spec = config.spec(
@@ -269,6 +271,8 @@ class CuratorActor:
         )
         counters = await hub.round(spec, "sketch", sk, plan["timeout"])
         record_for_owners(self._curator.ledgers, counters, "scan (secure sum)")
+        if (refused := self._refuse_short(counters, "secure sum: scan")) is not None:
+            return out | {"normalise": out["normalise"], "refused": refused}
         n = self._validation.shape[1]
         pool = _pool_release(counters, sk, n) if counters.value is not None else None
         out["scan"] = _scan_summary(counters, pool, self._validation, out["normalise"])
@@ -285,6 +289,16 @@ class CuratorActor:
         out["errors"] = hub.errors[:20]
         self._curator.checkpoint_due = True
         return out
+
+    def _refuse_short(self, result: RoundResult, phase: str) -> dict[str, Any] | None:
+        """A secure round short of T (missing + known colluders; released and charged nothing)
+        refuses the run, journaled, before any further release: the refused payload, or None."""
+        if result.status != "insufficient":
+            return None
+        self._curator.refuse_round(phase, result.reason, list(result.missing))
+        self._checkpoint()
+        c = self._curator
+        return {"state": c.state, "reason": c.reason, "refusal": dict(c.refusal)}
 
     async def standardize(self, center: list[float], scale: list[float], gamma: float) -> None:
         """Hash standardised features from now on (before ``run``; see Curator.standardize)."""
@@ -322,6 +336,8 @@ class CuratorActor:
         if self._crash_at is not None and curator.epoch.number >= self._crash_at:
             os._exit(70)  # simulated crash: no cleanup, no reply
         busy = self._refresh_task is not None and not self._refresh_task.done()
+        if refresher is not None and curator.state == "refused":  # no release after a refusal
+            refresher.hub.aggregator.cancel(f"the run was refused: {curator.reason}")
         if refresher is None or busy or curator.state in ("done", "refused"):
             return
         if refresher.due(curator.epoch.number):
@@ -339,6 +355,14 @@ class CuratorActor:
 
         if released:  # the ledgers changed: journal them
             self._curator.checkpoint_due = True
+            self._checkpoint()
+        last = self._refresher.history[-1]
+        if last["status"] == "insufficient":  # short of T: the run stops as for an epoch
+            # the refusal's notices to owners are not sent: the drive loop ends at the refusal
+            # and the market shuts the owners down
+            self._curator.refuse_round(
+                f"secure sum: scan refresh at epoch {epoch}", last["reason"], last["missing"]
+            )
             self._checkpoint()
 
 

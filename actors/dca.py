@@ -115,6 +115,10 @@ class DcaHub:
         """One round: open, collect contributions (owners that fail are absent), wait."""
         deadline = self.clock() + timeout
         opened = [encode(m) for m in self.aggregator.open_round(spec, deadline)]
+        refused = self.aggregator.result(spec.round)  # known colluders alone exceed T
+        if refused is not None:
+            self.absent[spec.round] = []
+            return refused
         owners = list(self.owners)
         tasks = [
             asyncio.ensure_future(self.owners[o].dca_contribute.remote(o, spec, what, options))

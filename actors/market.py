@@ -140,6 +140,9 @@ def _drive(
         if inputs.writer is not None:
             inputs.writer.start()
         secure = _secure_phases(config, inputs, market, snapshot)
+        if "refused" in secure:  # a secure round short of T: nothing after it runs
+            refused: dict[str, Any] = secure["refused"]
+            return refused
         standard = _standardize(config, inputs, market, secure, snapshot)
         payload = _summarise(config, market, plan, journal, snapshot)
         payload["secure_phases"] = secure | {
@@ -168,7 +171,6 @@ def _secure_phases(
     ``[privacy].refresh_every`` the nodes stay up for the refresh rounds (actors/refresh.py)."""
     import ray
 
-    from dpmarket.actors.compute import ComputeNodeActor
     from dpmarket.protocol.securesum import DcaConfig
     from dpmarket.protocol.securesum_driver import _auto_frac_bits
 
@@ -199,8 +201,9 @@ def _secure_phases(
         bound=value_bound,
         frac_bits=frac,
         shares=config.dca_shares,
+        colluders=tuple(config.faults.colluders),  # they count against T in every round
     )
-    handles = {n: ComputeNodeActor.remote(dca, n) for n in nodes}  # type: ignore[attr-defined]
+    handles = _spawn_nodes(dca, market)
     plan = {
         "config": dca,
         "behaviours": {o: "withhold" for o in config.faults.colluders},
@@ -236,6 +239,29 @@ def _secure_phases(
         market.compute_nodes = {}
     print(file=sys.stderr)
     return result
+
+
+def _spawn_nodes(dca: Any, market: RayMarket) -> dict[str, Any]:
+    """The operator's key handling: each compute node's X25519 key is made here and handed to
+    its actor only; its SHA-256 fingerprint goes to every owner directly (never through the
+    curator, which relays the keys); each owner's key is pinned at the nodes the same way."""
+    import ray
+
+    from dpmarket.actors.compute import ComputeNodeActor
+    from dpmarket.protocol.sealing import generate_keypair, key_fingerprint
+
+    owners = market.owners
+    publics = ray.get([owners[o].dca_identity.remote(o) for o in dca.clients])
+    client_keys = dict(zip(dca.clients, publics, strict=True))
+    handles, pins = {}, {}
+    for name in dca.nodes:
+        private, public = generate_keypair()
+        pins[name] = key_fingerprint(public)
+        handles[name] = ComputeNodeActor.remote(  # type: ignore[attr-defined]
+            dca, name, private.private_bytes_raw(), client_keys
+        )
+    ray.get([owners[o].dca_pin.remote(o, pins) for o in dca.clients])
+    return handles
 
 
 def _standardize(
@@ -367,12 +393,12 @@ def run_market(
     )
     timings["ingest_and_summarise"] = time.perf_counter() - tick
     if payload["state"] == "refused":
-        return MarketOutcome(
-            EXIT_REFUSED,
-            f"dpmarket: {payload['reason']}; resume with "
-            f"`dpmarket resume {out}` when the owners are back",
-            None,
+        after = (
+            "nothing to resume: run again with at most T colluding or lost owners"
+            if payload.get("refusal", {}).get("before_start")
+            else f"resume with `dpmarket resume {out}` when the owners are back"
         )
+        return MarketOutcome(EXIT_REFUSED, f"dpmarket: {payload['reason']}; {after}", None)
     utility: dict[str, Any] = {}
     curves: dict[str, Any] = {}
     if inputs.scenario is not None:
@@ -420,6 +446,8 @@ def resume_market(out: Path, address: str | None = None) -> MarketOutcome:
         raise ConfigError(f"{out}: no resumable journal ({exc})") from None
     if snapshot.get("state") == "done":
         raise ConfigError(f"{out}: the journaled run already finished")
+    if (snapshot.get("refusal") or {}).get("before_start"):
+        raise ConfigError(f"{out}: refused in a secure-sum phase before summarising; run again")
     pool = snapshot.get("pool") or {}
     if "count" in pool and "rows" not in pool:  # the rows live in the append-only pool file
         held = len(read_pool_rows(pool_file(journal_dir / "journal.json")))

@@ -21,11 +21,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import ray
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.errors import RemoteProtocolError
 from dpmarket.protocol.messages import ReplayGuard, decode, encode
-from dpmarket.protocol.securesum import Client, DcaConfig, RoundSpec
+from dpmarket.protocol.securesum import Client, DcaConfig, NodeKeyMismatch, RoundSpec
 from dpmarket.protocol.summarize import Owner
 from dpmarket.streams.lsh import make_family
 from dpmarket.streams.race import RaceSketch
@@ -64,6 +65,8 @@ class _Hosted:
     rejected: int = 0
     dca: Client | None = None
     dca_rng: np.random.Generator | None = None  # the owner's secure-sum noise (from dca_setup)
+    dca_identity: X25519PrivateKey | None = None  # its secure-sum key (public half pinned)
+    dca_pins: dict[str, str] | None = None  # node -> key fingerprint, from the operator
     # secure-sum round -> how many of the owner's records (a prefix: records only grow at the
     # end) its sketch contribution to that round covered; deltas start where a released one ended
     sketched: dict[int, int] = field(default_factory=dict)
@@ -173,6 +176,19 @@ class OwnerActor:
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------ secure-sum client
+    async def dca_identity(self, owner: str) -> bytes:
+        """Draw this owner's secure-sum X25519 key; return its public half for the operator to
+        pin at the compute nodes (asked by the driver directly, never through the curator)."""
+        hosted = self._owner(owner)
+        if hosted.dca_identity is None:
+            hosted.dca_identity = X25519PrivateKey.generate()
+        return hosted.dca_identity.public_key().public_bytes_raw()
+
+    async def dca_pin(self, owner: str, fingerprints: dict[str, str]) -> None:
+        """The compute nodes' key fingerprints, from the operator (the driver) directly: keys
+        that arrive later through the curator's relay must match them."""
+        self._owner(owner).dca_pins = dict(fingerprints)
+
     async def dca_setup(
         self,
         owner: str,
@@ -185,13 +201,22 @@ class OwnerActor:
         actor's NoiseSource (OS entropy unless the run simulates with reproducible noise);
         ``behaviour`` simulates a colluder ("reveal" or "withhold" its noise)."""
         hosted, name = self._owner(owner), owner
-        hosted.dca = Client(
-            config,
-            f"client:{name}",
-            node_keys,
-            (name,),
-            {name: behaviour} if behaviour else None,
-        )
+        if hosted.dca_pins is None:
+            raise RuntimeError(f"{owner}: no pinned node fingerprints from the operator")
+        identity = [hosted.dca_identity] if hosted.dca_identity is not None else None
+        try:
+            hosted.dca = Client(
+                config,
+                f"client:{name}",
+                node_keys,
+                (name,),
+                {name: behaviour} if behaviour else None,
+                pinned=hosted.dca_pins,
+                identity=identity,
+            )
+        except NodeKeyMismatch as exc:  # a relay swapped a key: take no part in the session
+            hosted.errors.append(f"dca_setup: {exc}")
+            raise
         hosted.dca_rng = self._noise.generator(f"dca:{name}")
         return [encode(m) for m in hosted.dca.start()]
 

@@ -13,8 +13,9 @@ analytic calibration of the secure sum, Theorem 1 noise split across owners). Ea
 in exactly one released delta, so by parallel composition a record pays for one release; the
 ledger is charged more than that, conservatively: every released delta is recorded as one more
 Gaussian event on every owner's ledger (label ``scan refresh (secure sum)``). A round that
-releases nothing (too many owners missing) charges nothing, and its records stay in the next
-delta.
+releases nothing charges nothing, and its records stay in the next delta. A round short of T
+(owners missing plus known colluders, ``DcaConfig.colluders``) refuses the whole run, and a
+curator refusal cancels a round in flight before it can release (``Aggregator.cancel``).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class PoolRefresher:
         result = await self.hub.round(spec, "sketch_delta", options, plan["timeout"])
         entry: dict[str, Any] = {"epoch": epoch, "round": round_id, "status": result.status}
         if result.value is None:
-            self.history.append(entry | {"reason": result.reason})
+            self.history.append(entry | {"reason": result.reason, "missing": list(result.missing)})
             return False
         record_for_owners(ledgers, result, REFRESH_LABEL)
         delta = self._release_of(result)

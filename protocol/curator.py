@@ -250,12 +250,35 @@ class Curator:
         body = FinishBody(ep.number, "refused")
         return [self._out.make(o, ep.number, body) for o in sorted(self.live)]
 
+    def refuse_round(self, phase: str, reason: str, missing: list[str]) -> list[Message]:
+        """A secure-sum round fell short (missing + known colluders > T; the aggregator
+        released and charged nothing): refuse the run before any further release, as for epochs.
+        Before :meth:`start` (normalise, scan) nothing was published, so no owner is told and
+        the refusal cannot be resumed (``before_start``): the run starts again."""
+        if self.state in ("done", "refused"):
+            return []
+        ep, p, started = self.epoch, self.params, self.state != "new"
+        self.refusal = {
+            "epoch": ep.number,
+            "phase": phase,
+            "lost": sorted(missing),
+            "colluders": p.known_colluders,
+            "tolerance": p.max_lost,
+            "before_start": not started,
+        }
+        self.state, self.checkpoint_due = "refused", True
+        self.reason = f"refused at epoch {ep.number} ({phase}): {reason}; no release was made"
+        body = FinishBody(ep.number, "refused")
+        return [self._out.make(o, ep.number, body) for o in sorted(self.live)] if started else []
+
     def resume(self) -> list[Message]:
         """Continue a refused run when its owners are back: re-send the journaled releases
         (g_tilde and the open epoch's g_l) without drawing new noise, and reopen the epoch. An
         auction that already ran in this epoch is reused, not redrawn (its charge stands)."""
         if self.state not in ("refused", "bidding", "asking"):
             raise LocalProtocolError(f"resume: nothing to resume in state {self.state}")
+        if self.refusal.get("before_start"):
+            raise LocalProtocolError("resume: refused before the summarisation started; run again")
         ep = self.epoch
         self.live, self.state, self.reason, self.refusal = set(self.owners), "bidding", "", {}
         self.lost.clear()

@@ -4,10 +4,14 @@ Theory of operation
 -------------------
 N clients (a public roster), M >= 2 compute nodes, one aggregator, tolerance T.
 
-Session (once): every compute node holds an X25519 key pair whose public half reaches clients by
-configuration. A client party (hosting one client or a batch of them) draws one X25519 key pair
-per hosted client, derives one PRK per (client, node) pair and sends ``dca.register`` (indices
-and public keys) to every node; each node derives the same PRKs. What follows from the PRK
+Session (once): every compute node holds an X25519 key pair made or loaded by the operator; its
+public half may reach clients through a relay, but each client checks it against a SHA-256
+fingerprint the operator gave it directly (``Client(pinned=...)``) and refuses a mismatch. A
+client party (hosting one client or a batch of them) holds one X25519 key pair per hosted client,
+derives one PRK per (client, node) pair and sends ``dca.register`` (indices, public keys and a
+proof per pair: an HMAC under the PRK) to every node; each node derives the same PRKs, checks
+the proofs, and, given the clients' public keys pinned by the operator (``client_keys``),
+refuses a key registered under another client's name. What follows from the PRK
 depends on ``DcaConfig.shares``:
 
 * ``"derived"`` (default): one HKDF-Expand per pair gives the pair's mask key; blinding shares
@@ -94,6 +98,7 @@ __all__ = [
     "frame_aad",
     "pack_set",
     "pair_salt",
+    "register_info",
     "round_key_info",
     "unpack_set",
 ]
@@ -104,7 +109,7 @@ U64 = npt.NDArray[np.uint64]
 BoolArray = npt.NDArray[np.bool_]
 
 REPLACE_ONE = "replace one client's vector"
-STATUSES = ("released", "insufficient", "inconsistent", "failed")
+STATUSES = ("released", "insufficient", "inconsistent", "failed", "cancelled")
 SHARE_MODES = ("derived", "sealed-seeds")
 # values per client and round: one sealed share vector must fit one array of the codec
 MAX_ROUND_D = (MAX_ARRAY_BYTES - NONCE_BYTES - TAG_BYTES) // 8
@@ -116,10 +121,14 @@ _DOMAIN = "dpmarket/dca/v1"
 @register("dca.register")
 @dataclass(frozen=True, slots=True)
 class RegisterBody(Body):
-    """Client party -> node: roster indices (uint32) and raw X25519 public keys (uint8, n x 32)."""
+    """Client party -> node: roster indices (uint32), raw X25519 public keys (uint8, n x 32) and
+    proofs (uint8, n x 32): HMAC under each pair's PRK of :func:`register_info` (only the
+    holder of the client's private key, or the node, can compute it). Optional on the wire
+    (added field); nodes refuse a registration without them."""
 
     clients: Array
     public_keys: Array
+    proofs: Array | None = None
 
 
 @register("dca.open")
@@ -206,6 +215,11 @@ def frame_aad(digest: bytes, node: str, kind: str) -> bytes:
     return length_prefixed(_DOMAIN + "/frame", digest, node, kind)
 
 
+def register_info(run: str, client: str, node: str, client_key: bytes, node_key: bytes) -> bytes:
+    """What a registration proof authenticates: the client's name and key for this node."""
+    return length_prefixed(_DOMAIN + "/register", run, client, node, client_key, node_key)
+
+
 def pair_salt(run: str, client: str, node: str, client_key: bytes, node_key: bytes) -> bytes:
     """HKDF-Extract salt of a (client, node) pair: run, both names and both public keys."""
     return length_prefixed(_DOMAIN + "/pair", run, client, node, client_key, node_key)
@@ -230,6 +244,11 @@ class DcaConfig:
     colluding clients tolerated, T <= N - 2), ``bound`` the largest |value| of one coordinate of
     one client, ``frac_bits`` the fixed-point precision. The ring capacity is checked here for
     the values alone and again per round with the noise (:meth:`check_round`).
+
+    ``colluders`` are the clients known to collude (they may withhold their noise). They count
+    against T in every round, with the clients missing from it (:meth:`shortfall`): a round with
+    more than T missing-or-colluding clients is released by no node and no aggregator. More
+    colluders than T is a legal configuration whose every round is refused.
     """
 
     run: str
@@ -243,6 +262,7 @@ class DcaConfig:
     agreement_timeout: float = 5.0
     result_timeout: float = 10.0
     shares: str = "derived"
+    colluders: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.run, str) or not self.run:
@@ -264,6 +284,11 @@ class DcaConfig:
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite positive number, got {value!r}")
         RingConfig(len(self.clients), self.bound, self.frac_bits)
+        if self.colluders:
+            _check_names("colluders", self.colluders, 0)
+            strangers = sorted(set(self.colluders) - set(self.clients))
+            if strangers:
+                raise ValueError(f"colluders: {strangers} are not clients of the roster")
 
     @property
     def n_clients(self) -> int:
@@ -272,6 +297,33 @@ class DcaConfig:
     @property
     def n_nodes(self) -> int:
         return len(self.nodes)
+
+    @functools.cached_property
+    def colluding(self) -> BoolArray:
+        """Roster mask of the known colluders (computed once per session)."""
+        mask = np.zeros(self.n_clients, dtype=np.bool_)
+        mask[[self.index[c] for c in self.colluders]] = True
+        return mask
+
+    def shortfall(self, included: BoolArray) -> int:
+        """Clients whose noise a release over ``included`` lacks: missing or known colluders.
+
+        Privacy (Theorem 1): each client adds sigma_std^2 / (N - T - 1), so the noise a curious
+        client cannot subtract has variance (N - shortfall - 1) sigma_std^2 / (N - T - 1), which
+        is >= sigma_std^2 exactly when shortfall <= T. Release only then.
+        """
+        return int((~np.asarray(included, dtype=np.bool_) | self.colluding).sum())
+
+    def shortfall_reason(self, included: BoolArray) -> str:
+        """Why a set falls short: the missing clients and the colluders, against T."""
+        mask = np.asarray(included, dtype=np.bool_)
+        missing = [c for c, keep in zip(self.clients, mask, strict=True) if not keep]
+        colluding = [c for c in self.colluders if c not in missing]
+        return (
+            f"{len(missing)} clients missing ({', '.join(missing[:10]) or 'none'}) + "
+            f"{len(colluding)} known colluders ({', '.join(colluding) or 'none'}) "
+            f"> T = {self.tolerance}"
+        )
 
     @property
     def codec(self) -> FixedPoint:
@@ -340,6 +392,7 @@ class DcaConfig:
             spec.neighbouring,
             self.frac_bits,
             self.tolerance,
+            length_prefixed(*self.colluders),
             self.prg,
             self.shares,
             self.aggregator,

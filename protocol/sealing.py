@@ -27,8 +27,9 @@ compute node, with public-key cryptography only to agree on keys. Here:
   per seed; the tag is discarded. Each seed is a fresh key used for exactly one expansion, so
   the fixed nonce is safe. Tests check the streams against the raw ``Cipher`` objects.
 
-Security assumptions: compute nodes' public keys reach clients authentically (configuration, not
-the relay); X25519 private keys never leave the party that made them.
+Security assumptions: compute nodes' public keys reach clients authentically: a client checks
+each against a SHA-256 fingerprint (:func:`key_fingerprint`) pinned out of band, never through
+the relay that carries the keys; X25519 private keys never leave the party that holds them.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ __all__ = [
     "generate_keypair",
     "hkdf_expand",
     "hkdf_extract",
+    "key_fingerprint",
     "length_prefixed",
     "open_rows",
     "pair_secret",
@@ -111,6 +113,13 @@ def generate_keypair() -> tuple[X25519PrivateKey, bytes]:
     """A fresh X25519 key pair from the OS CSPRNG: (private key, raw 32-byte public key)."""
     private = X25519PrivateKey.generate()
     return private, private.public_key().public_bytes_raw()
+
+
+def key_fingerprint(public: bytes) -> str:
+    """SHA-256 of a raw public key, hex: what an operator pins out of band (never via a relay)."""
+    if not isinstance(public, bytes) or len(public) != PUBLIC_KEY_BYTES:
+        raise ValueError(f"public key must be {PUBLIC_KEY_BYTES} raw bytes")
+    return hashlib.sha256(public).hexdigest()
 
 
 def pair_secret(private: X25519PrivateKey, peer_public: bytes, salt: bytes) -> bytes:

@@ -14,9 +14,16 @@ Client (sender only: it accepts no message)::
 Aggregator::
 
     idle     open_round(spec, deadline)   -> waiting, dca.open to every node
+             (known colluders alone > T: insufficient at once, nothing sent -> idle)
     waiting  dca.partial (all M, same set) -> release, ledger event -> idle
-    waiting  dca.abort / sets differ / > T missing -> no release -> idle
+    waiting  dca.abort / sets differ / missing + colluders > T -> no release -> idle
+    waiting  cancel(reason)               -> cancelled, no release -> idle
     waiting  expire(now >= deadline + result_timeout) -> failed, no release -> idle
+
+Collusion: the clients missing from the agreed set and the known colluders
+(``DcaConfig.colluders``) together count against T in every round; a round where they exceed T
+releases nothing and charges nothing (:meth:`DcaConfig.shortfall` states why that keeps
+sigma_std^2 of honest noise against any curious client).
 
 Privacy of a client's contribution: the value share is blinded by M - 1 PRG streams that only
 the other nodes can compute (derived from their pair keys, or from seeds sealed to them), so any
@@ -33,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from dpmarket.protocol.accounting import PrivacyLedger
 from dpmarket.protocol.dca_masks import ClientMasks, MaskCipher, mask_cipher
@@ -48,6 +56,7 @@ from dpmarket.protocol.dca_spec import (
     SharesBody,
     frame_aad,
     pair_salt,
+    register_info,
     round_key_info,
     unpack_set,
 )
@@ -65,6 +74,7 @@ from dpmarket.protocol.sealing import (
     RoundKeyring,
     expand_rows,
     generate_keypair,
+    key_fingerprint,
     pair_secret,
     random_seeds,
     seal_rows,
@@ -79,6 +89,7 @@ __all__ = [
     "Client",
     "ComputeNode",
     "DcaConfig",
+    "NodeKeyMismatch",
     "RoundResult",
     "RoundSpec",
 ]
@@ -92,9 +103,16 @@ _CHUNK_ELEMENTS = 1 << 21  # client rows x d per sealed batch (16 MiB of shares)
 class Client:
     """One or many roster clients hosted by one party (one owner, or a batch in a benchmark).
 
-    ``node_keys`` are the compute nodes' public keys, obtained authentically. ``behaviour``
-    (simulation only) marks members as colluders: ``"reveal"`` adds noise and records it in
-    ``revealed`` for the adversary, ``"withhold"`` adds none; everybody else is ``"honest"``.
+    ``node_keys`` are the compute nodes' public keys, possibly relayed; ``pinned`` maps every
+    node to the SHA-256 fingerprint of its key (:func:`key_fingerprint`) as the operator gave it
+    to this party directly, not through the relay. A relayed key that does not match its pin
+    raises :class:`NodeKeyMismatch` at construction: no registration, no share is ever sealed
+    to it, so a relay that swaps keys learns nothing. ``pinned=None`` means the caller obtained
+    ``node_keys`` authentically itself (in-process harnesses). ``identity`` is the members'
+    X25519 private keys when the operator pinned their public halves at the nodes (one per
+    member); otherwise fresh ones are drawn at :meth:`start`. ``behaviour`` (simulation only)
+    marks members as colluders: ``"reveal"`` adds noise and records it in ``revealed`` for the
+    adversary, ``"withhold"`` adds none; everybody else is ``"honest"``.
     """
 
     def __init__(
@@ -104,6 +122,9 @@ class Client:
         node_keys: Mapping[str, bytes],
         members: Sequence[str] | None = None,
         behaviour: Mapping[str, str] | None = None,
+        *,
+        pinned: Mapping[str, str] | None = None,
+        identity: Sequence[X25519PrivateKey] | None = None,
     ) -> None:
         members = tuple(members) if members is not None else (name,)
         roster = config.index
@@ -115,6 +136,11 @@ class Client:
         bad_keys = [n for n in config.nodes if len(node_keys.get(n, b"")) != PUBLIC_KEY_BYTES]
         if bad_keys:
             raise ValueError(f"node_keys: missing or malformed for {bad_keys}")
+        if pinned is not None:
+            check_pins(config.nodes, node_keys, pinned)
+        if identity is not None and len(identity) != len(members):
+            raise ValueError(f"identity: {len(identity)} keys for {len(members)} members")
+        self._identity = list(identity) if identity is not None else None
         behaviour = dict(behaviour or {})
         odd = {m: b for m, b in behaviour.items() if m not in members or b not in BEHAVIOURS}
         if odd:
@@ -144,14 +170,22 @@ class Client:
         (sealed seeds)."""
         if self.state != "new":
             raise LocalProtocolError(f"start: client party {self.name} is already {self.state}")
-        pairs = [generate_keypair() for _ in self.members]
+        if self._identity is not None:
+            pairs = [(k, k.public_key().public_bytes_raw()) for k in self._identity]
+        else:
+            pairs = [generate_keypair() for _ in self.members]
         keyrings: dict[str, RoundKeyring] = {}
         ciphers: list[list[MaskCipher]] = []
+        proofs: dict[str, bytes] = {}
         for node, node_key in self._node_keys.items():
             prks = [
                 PairKey(pair_secret(key, node_key, pair_salt(self.run, m, node, public, node_key)))
                 for m, (key, public) in zip(self.members, pairs, strict=True)
             ]
+            proofs[node] = b"".join(
+                prk.mac(register_info(self.run, m, node, public, node_key))
+                for prk, m, (_, public) in zip(prks, self.members, pairs, strict=True)
+            )
             if self.config.shares == "derived":
                 ciphers.append([mask_cipher(p, self.config.prg) for p in prks])
             else:
@@ -160,11 +194,13 @@ class Client:
         if self.config.shares == "derived":
             self._masks = ClientMasks(self._index, ciphers)
         publics = np.frombuffer(b"".join(p for _, p in pairs), dtype=np.uint8)
-        body = RegisterBody(
-            self._index.astype(np.uint32), publics.reshape(-1, PUBLIC_KEY_BYTES).copy()
-        )
+        publics = publics.reshape(-1, PUBLIC_KEY_BYTES).copy()
         self._keyrings, self.state = keyrings, "ready"
-        return [self._out.make(node, 0, body) for node in self.config.nodes]
+        index = self._index.astype(np.uint32)
+        return [
+            self._out.make(node, 0, RegisterBody(index, publics, _rows(proofs[node])))
+            for node in self.config.nodes
+        ]
 
     def contribute(
         self, spec: RoundSpec, values: npt.ArrayLike, rng: np.random.Generator
@@ -182,6 +218,10 @@ class Client:
             )
         grid = self._checked_grid(spec, values)
         self.config.check_round(spec)
+        everyone = np.ones(self.config.n_clients, dtype=np.bool_)
+        if self.config.shortfall(everyone) > self.config.tolerance:
+            reason = self.config.shortfall_reason(everyone)
+            raise ValueError(f"contribute: unsafe session, {reason}")
         noise = sample_discrete_gaussian(self.config.client_grid_sigma(spec), grid.shape, rng)
         noise[self._withhold] = 0
         if self._reveal:
@@ -263,6 +303,32 @@ class Client:
         return out
 
 
+class NodeKeyMismatch(ValueError):
+    """A compute node's key (as relayed) does not match the fingerprint pinned out of band."""
+
+
+def check_pins(
+    nodes: Sequence[str], node_keys: Mapping[str, bytes], pinned: Mapping[str, str]
+) -> None:
+    """``NodeKeyMismatch`` naming every node whose relayed key is not the pinned one.
+
+    Security: the pins come from the operator, not from the relay, so a relay (curator) that
+    substitutes its own key for a node's is caught before any share is sealed to that key."""
+    unpinned = [n for n in nodes if n not in pinned]
+    if unpinned:
+        raise NodeKeyMismatch(f"pinned: no fingerprint for compute nodes {unpinned}")
+    bad = [n for n in nodes if key_fingerprint(bytes(node_keys[n])) != pinned[n].lower()]
+    if bad:
+        raise NodeKeyMismatch(
+            f"node_keys: the keys of compute nodes {bad} do not match their pinned SHA-256 "
+            "fingerprints (swapped by the relay?); refusing to register"
+        )
+
+
+def _rows(raw: bytes) -> npt.NDArray[np.uint8]:
+    return np.frombuffer(raw, dtype=np.uint8).reshape(-1, 32).copy()
+
+
 @dataclass
 class _Waiting:
     spec: RoundSpec
@@ -304,6 +370,10 @@ class Aggregator:
             raise ValueError(f"deadline must be finite, got {deadline!r}")
         self.config.check_round(spec)
         self.state, self._waiting = "waiting", _Waiting(spec, deadline)
+        everyone = np.ones(self.config.n_clients, dtype=np.bool_)
+        if self.config.shortfall(everyone) > self.config.tolerance:  # colluders alone exceed T
+            self._finish("insufficient", self.config.shortfall_reason(everyone))
+            return []
         body = spec.open_body(deadline)
         return [self._out.make(node, spec.round, body) for node in self.config.nodes]
 
@@ -325,6 +395,12 @@ class Aggregator:
         silent = sorted(set(self.config.nodes) - set(waiting.partials))
         self._finish("failed", f"compute nodes {silent} did not answer")
         return []
+
+    def cancel(self, reason: str) -> None:
+        """End the open round now, releasing nothing and charging nothing (status
+        ``cancelled``); partials that arrive later are counted as late. No-op when idle."""
+        if self._waiting is not None:
+            self._finish("cancelled", reason)
 
     def result(self, round_: int) -> RoundResult | None:
         return self.results.get(round_)
@@ -365,10 +441,8 @@ class Aggregator:
         included = unpack_set(next(iter(waiting.partials.values())).included, self.config.n_clients)
         if included is None:  # pragma: no cover - every partial's set was checked on receipt
             raise LocalProtocolError("dca.partial.included: unreadable after the check")
-        missing = self.config.n_clients - int(included.sum())
-        if missing > self.config.tolerance:
-            reason = f"{missing} clients missing, more than T = {self.config.tolerance}"
-            self._finish("insufficient", reason, included)
+        if self.config.shortfall(included) > self.config.tolerance:
+            self._finish("insufficient", self.config.shortfall_reason(included), included)
             return
         total = ring_sum(np.stack([p.total for p in waiting.partials.values()]))
         self._finish("released", "", included, total)

@@ -27,6 +27,7 @@ from dpmarket.protocol.errors import RemoteProtocolError
 from dpmarket.protocol.fixedpoint import choose_frac_bits, noise_tail_bound
 from dpmarket.protocol.messages import Message, ReplayGuard, decode, encode
 from dpmarket.protocol.parties import Party
+from dpmarket.protocol.sealing import key_fingerprint
 from dpmarket.protocol.securesum import Aggregator, Client, ComputeNode
 
 __all__ = ["DcaSession", "RoundOutcome", "secure_sum"]
@@ -76,13 +77,14 @@ class DcaSession:
         self.config, self.now = config, 0.0
         self.nodes = {name: ComputeNode(config, name) for name in config.nodes}
         keys = {name: node.public_key for name, node in self.nodes.items()}
+        pins = {name: key_fingerprint(key) for name, key in keys.items()}  # the operator's pins
         behaviour = dict(behaviour or {})
         self.clients: list[Client] = []
         for start in range(0, config.n_clients, batch):
             members = config.clients[start : start + batch]
             mine = {m: b for m, b in behaviour.items() if m in members}
             name = f"client-party-{start // batch}"
-            self.clients.append(Client(config, name, keys, members, mine))
+            self.clients.append(Client(config, name, keys, members, mine, pinned=pins))
         self.aggregator = Aggregator(config, ledger)
         parties: list[Party] = [*self.nodes.values(), self.aggregator, *self.clients]
         self.parties: dict[str, Party] = {p.name: p for p in parties}
@@ -117,6 +119,8 @@ class DcaSession:
         self._frames, self._bytes, self.refused, self._kinds = 0, 0, [], Counter()
         deadline = self.now + timeout
         self.deliver(self.aggregator.open_round(spec, deadline))
+        if self.aggregator.result(spec.round) is not None:  # refused at the open
+            return self._collect(spec)
         start = 0
         for client in self.clients:
             rows = x[start : start + len(client.members)]

@@ -2,12 +2,13 @@
 
 Transition table (state, kind) -> handler; anything else is refused with the state untouched::
 
-    any        dca.register  derive the pair keys of newly registered clients
+    any        dca.register  check pinned client keys and proofs; derive the new pair keys
     idle       dca.open      round r opens -> collecting (frames before this are refused)
     collecting dca.shares    open sealed frames, keep the valid rows; all expected in -> agreeing
     any        dca.seen      a peer's received set (for the open round, or the next one early)
     collecting expire(now >= deadline)                  -> agreeing, send own set to peers
-    agreeing   all M sets in: intersect; > T missing -> dca.abort, else dca.partial -> idle
+    agreeing   all M sets in: intersect; missing + colluders > T -> dca.abort,
+               else dca.partial -> idle
     agreeing   expire(now >= deadline + agreement_timeout) -> dca.abort (peer silent) -> idle
 
 Rows of a ``dca.shares`` batch are judged one by one (unknown or duplicate client, failed
@@ -21,15 +22,19 @@ vouches in its set for every other client it holds a pair key for.
 Privacy: a node sees, per client, either a uniform share (value node) or a seed (sealed seeds) or
 nothing but its own derived mask; its partial sum is uniform unless all M nodes' partials are
 added. It releases a partial only for an agreed set
-with at most T clients missing, so no node helps to release a sum over too few clients.
+with at most T clients missing or known to collude (``DcaConfig.colluders``), so no node helps
+to release a sum with less than sigma_std^2 of honest noise against a curious client.
 """
 
 from __future__ import annotations
 
+import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from dpmarket.protocol.dca_masks import NodeMasks, mask_cipher
 from dpmarket.protocol.dca_spec import (
@@ -44,6 +49,7 @@ from dpmarket.protocol.dca_spec import (
     frame_aad,
     pack_set,
     pair_salt,
+    register_info,
     round_key_info,
     unpack_set,
 )
@@ -88,11 +94,29 @@ class _Round:
 class ComputeNode:
     """One compute node: holds its X25519 key, the pair keys, and at most one open round."""
 
-    def __init__(self, config: DcaConfig, name: str) -> None:
+    def __init__(
+        self,
+        config: DcaConfig,
+        name: str,
+        private_key: X25519PrivateKey | None = None,
+        client_keys: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """``private_key``: the node's X25519 key as the operator made or loaded it (whose
+        fingerprint the operator pins at the clients); a fresh one if None. ``client_keys``:
+        the clients' public keys pinned by the operator (name -> raw key); a registration of
+        another key under a pinned name is refused."""
         if name not in config.nodes:
             raise ValueError(f"name: {name!r} is not one of the compute nodes {config.nodes}")
         self.config, self.name, self.run = config, name, config.run
-        self._private, self.public_key = generate_keypair()
+        if private_key is None:
+            self._private, self.public_key = generate_keypair()
+        else:
+            self._private = private_key
+            self.public_key = private_key.public_key().public_bytes_raw()
+        self._client_keys = {c: bytes(k) for c, k in (client_keys or {}).items()}
+        strangers = sorted(set(self._client_keys) - set(config.clients))
+        if strangers:
+            raise ValueError(f"client_keys: {strangers} are not clients of the roster")
         self._derived = config.shares == "derived"
         self._keys = RoundKeyring(0 if self._derived else config.n_clients, round_key_info)
         self._masks = NodeMasks(config.n_clients, config.n_nodes, config.nodes.index(name))
@@ -152,17 +176,16 @@ class ComputeNode:
             raise RemoteProtocolError(f"dca.register.public_keys: shape {keys.shape} is wrong")
         if len(np.unique(idx)) != len(idx):
             raise RemoteProtocolError("dca.register.clients: a client appears twice")
+        proofs = body.proofs
+        if proofs is None or proofs.dtype != np.uint8 or proofs.shape != (len(idx), 32):
+            raise RemoteProtocolError("dca.register.proofs: missing or malformed (n x 32 bytes)")
         again = [self.config.clients[i] for i in idx[self._registered[idx]]]
         if again:
             raise RemoteProtocolError(f"dca.register: clients {again[:3]} already registered")
         derived: dict[int, PairKey] = {}
-        for i, key in zip(idx, keys, strict=True):
+        for i, key, proof in zip(idx, keys, proofs, strict=True):
             client, raw = self.config.clients[i], key.tobytes()
-            salt = pair_salt(self.run, client, self.name, raw, self.public_key)
-            try:
-                derived[int(i)] = PairKey(pair_secret(self._private, raw, salt))
-            except ValueError as exc:
-                raise RemoteProtocolError(f"dca.register: client {client}: {exc}") from None
+            derived[int(i)] = self._bound_pair(client, raw, proof.tobytes())
         if self._derived:
             prg = self.config.prg
             self._masks.add(list(derived), [mask_cipher(p, prg) for p in derived.values()])
@@ -170,6 +193,26 @@ class ComputeNode:
             self._keys.add(list(derived), list(derived.values()))
         self._registered[list(derived)] = True
         return []
+
+    def _bound_pair(self, client: str, raw: bytes, proof: bytes) -> PairKey:
+        """The pair key of ``client``'s registration, checked against the pinned key and the
+        proof. Security: the proof is an HMAC under the PRK of (client key, node key), so only
+        the holder of ``raw``'s private key can make it; with the client's key pinned by the
+        operator, no other party can register under ``client``'s name and index."""
+        pinned = self._client_keys.get(client)
+        if pinned is not None and not hmac.compare_digest(pinned, raw):
+            raise RemoteProtocolError(
+                f"dca.register: client {client}: the key is not its pinned key (forged?)"
+            )
+        salt = pair_salt(self.run, client, self.name, raw, self.public_key)
+        try:
+            pair = PairKey(pair_secret(self._private, raw, salt))
+        except ValueError as exc:
+            raise RemoteProtocolError(f"dca.register: client {client}: {exc}") from None
+        expected = pair.mac(register_info(self.run, client, self.name, raw, self.public_key))
+        if not hmac.compare_digest(expected, proof):
+            raise RemoteProtocolError(f"dca.register: client {client}: the proof does not verify")
+        return pair
 
     # ------------------------------------------------------------------------- collection
     def _on_open(self, msg: Message) -> list[Message]:
@@ -296,10 +339,9 @@ class ComputeNode:
         included = rnd.own.copy()
         for other in rnd.peers.values():
             included &= other
-        missing = self.config.n_clients - int(included.sum())
-        if missing > self.config.tolerance:
-            reason = f"{missing} clients missing, more than T = {self.config.tolerance}"
-            return self._finish(rnd, AbortBody(reason, missing))
+        short = self.config.shortfall(included)  # missing plus known colluders
+        if short > self.config.tolerance:
+            return self._finish(rnd, AbortBody(self.config.shortfall_reason(included), short))
         return self._finish(rnd, PartialBody(self._partial(rnd, included), pack_set(included)))
 
     def _partial(self, rnd: _Round, included: BoolArray) -> U64:

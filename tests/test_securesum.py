@@ -301,7 +301,7 @@ def test_dropouts_up_to_t_are_left_out_and_above_t_abort(shares: str) -> None:
     assert out.result.status == "insufficient"
     assert out.result.value is None and out.result.ring_total is None
     assert out.kinds["dca.partial"] == 0 and out.kinds["dca.abort"] == 3
-    assert "3 clients missing, more than T = 2" in out.result.reason
+    assert "3 clients missing (c0, c1, c7) + 0 known colluders (none) > T = 2" in out.result.reason
     assert session.aggregator.ledger.events == ()  # nothing released, nothing charged
 
 

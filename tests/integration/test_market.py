@@ -159,3 +159,40 @@ def test_validate_and_bad_configs(tmp_path: Path, capsys: pytest.CaptureFixture[
     bad.write_text("[faults]\nkill = {owner-9 = 2}\n")
     assert main(["run", str(bad)]) == 2
     assert "unknown owners ['owner-9']" in capsys.readouterr().err
+
+
+COLLUSION_SMALL = [
+    "--set", "data.n_points=1500", "--set", "data.n_test=300", "--set", "market.summary_size=12",
+    "--set", "summary.max_epochs=30", "--set", "run.deadline_seconds=2.0",
+]  # fmt: skip
+
+
+def test_colluders_above_t_refuse_before_any_secure_sum_is_charged(tmp_path: Path) -> None:
+    """configs/collusion.toml with T = 1 < its two colluders: exit 3 before the normalise round
+    releases (no secure-sum, validation or auction event in the journaled ledgers)."""
+    out = tmp_path / "over"
+    code = main(
+        ["run", str(ROOT / "configs" / "collusion.toml"), "--out", str(out), *COLLUSION_SMALL,
+         "--set", "market.tolerance=1"]
+    )  # fmt: skip
+    assert code == 3
+    assert sorted(p.name for p in out.iterdir()) == [".journal"]
+    snapshot = json.loads((out / ".journal" / "journal.json").read_text())
+    assert snapshot["state"] == "refused" and snapshot["epoch"]["number"] == 0
+    assert snapshot["refusal"]["phase"] == "secure sum: normalise"
+    assert "owner-4, owner-6" in snapshot["reason"]
+    for party, ledger in snapshot["ledgers"].items():
+        assert ledger["events"] == [], party  # nothing released, nothing charged
+    assert main(["resume", str(out)]) == 2  # nothing to resume: run again
+
+
+def test_collusion_config_within_t_completes(tmp_path: Path) -> None:
+    out = tmp_path / "within"
+    code = main(
+        ["run", str(ROOT / "configs" / "collusion.toml"), "--out", str(out), *COLLUSION_SMALL]
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    secure = report["secure_phases"]
+    assert secure["normalise"]["status"] == secure["scan"]["status"] == "released"
+    assert report["faults"]["lost"] == {"owner-1": 8}
