@@ -1,16 +1,22 @@
-"""``dpmarket audit``: empirical privacy audits of the project's releases (issue 6, Deliver 5).
+"""``dpmarket audit``: empirical privacy audits of the project's releases (issue 6, Deliver 5;
+issue 12, part 6).
 
-Each audit runs one mechanism many times on a pair of neighbouring inputs, fits the best
-threshold test and reports a Clopper-Pearson lower bound on epsilon next to what the ledger
-charges (:mod:`dpmarket.protocol.audit`). An audit PASSES when the bound stays at or below the
-ledger's epsilon; a mechanism whose noise is N times too small must FAIL (``--broken`` adds
-such a mechanism: the RACE release with the authors' ``R/(N eps)`` scale). Exit status 1 when
-any audited claim is refuted.
+Each audit runs one mechanism many times on a worst-case pair of neighbouring inputs, scores
+every output by the pair's likelihood-ratio statistic, and reports a Clopper-Pearson lower
+bound on epsilon next to what the ledger charges (:mod:`dpmarket.protocol.audit`). An audit
+PASSES when the bound stays at or below the ledger's epsilon. Beside each verdict stands the
+audit's POWER: the bound the same audit (same score, same number of runs) reaches on the
+correct mechanism of that family; a pass means something only when the power is close to the
+claim. ``--broken`` adds mis-calibrated mechanisms that must FAIL: half the noise (RACE, the
+Gaussian validation release, a Laplace count), the RACE authors' ``R/(N eps)`` scale, a secure
+sum run at eps 3 but charged as eps 1, a secure sum whose colluders withhold their noise while
+the round's tolerance does not count them, and noise drawn from a generator seeded by a
+published seed (the adversary regenerates it). Exit status 1 when any audited claim is refuted.
 
-Mechanisms: the Gaussian validation release and the tree / per-epoch Gaussian summary channels
-(:mod:`dpmarket.protocol.releases`), the private auction (pure and paper variants), the RACE
-sketch's Laplace release (Algorithm 1 of race-coleman2021) and the DCA secure sum's Gaussian
-release (through the real parties and codec).
+Randomness: every audited mechanism draws its noise from :class:`NoiseSource` (secure by
+default: ChaCha20 keyed from the OS; ``--seed`` makes the audit reproducible, for tests and
+benchmarks). The seeded-noise variant's noise comes from :func:`public_generator` with the
+published :data:`PUBLISHED_SEED`, which is exactly the bug it demonstrates.
 """
 
 from __future__ import annotations
@@ -20,125 +26,178 @@ import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from dpmarket.actors.randomness import NoiseSource, public_generator
 from dpmarket.protocol.accounting import PrivacyLedger
-from dpmarket.protocol.audit import (
-    AuditScenario,
+from dpmarket.protocol.audit import AuditResult, AuditScenario, run_audit
+from dpmarket.protocol.audit_scenarios import (
     auction_scenario,
     gaussian_validation_scenario,
     laplace_count_scenario,
-    run_audit,
+    seeded_noise_scenario,
     summary_channel_scenario,
 )
+from dpmarket.protocol.audit_securesum import securesum_scenario
 from dpmarket.protocol.release_plan import gaussian_noise_multiplier
-from dpmarket.protocol.securesum_driver import secure_sum
 from dpmarket.streams.lsh import make_family
 from dpmarket.streams.race import RaceSketch
 
 __all__ = [
     "AUDITS",
+    "BROKEN",
+    "PUBLISHED_SEED",
+    "Audit",
     "audit_main",
     "build_audit_parser",
+    "race_laplace_llr",
     "race_laplace_scenario",
-    "securesum_gaussian_scenario",
 ]
 
 F64 = npt.NDArray[np.float64]
+PUBLISHED_SEED = 20240612  # the seeded-noise variant's seed, as if printed in a config file
+
+
+def race_laplace_llr(shift: npt.ArrayLike, scale: float) -> F64:
+    """Per-counter log-likelihood ratio of a released RACE counter under D' (exact count
+    a + 1) against D (exact count a), ``shift = released - a``: the release is
+    ``rint(count + Lap(scale))``, so ``P(shift = k) = G(k)`` under D and ``G(k - 1)`` under D',
+    with ``G(0) = 1 - e^{-1/(2 scale)}`` and ``G(k) = e^{-|k|/scale} sinh(1/(2 scale))``."""
+    k = np.asarray(shift, dtype=np.float64)
+
+    def log_g(j: F64) -> F64:
+        tail = -np.abs(j) / scale + math.log(math.sinh(0.5 / scale))
+        return np.asarray(np.where(j == 0, math.log(-math.expm1(-0.5 / scale)), tail))
+
+    return np.asarray(log_g(k - 1.0) - log_g(k), dtype=np.float64)
 
 
 def race_laplace_scenario(
-    epsilon: float, rows: int = 16, width: int = 64, n: int = 200, noise_factor: float = 1.0,
+    epsilon: float, rows: int = 4, width: int = 16, n: int = 200, noise_factor: float = 1.0,
     delta: float = 1e-5,
 ) -> AuditScenario:  # fmt: skip
-    """RACE Algorithm 1 on n records and on n + 1; the score is the likelihood-ratio statistic
-    of Laplace noise on the R counters the extra record touches, ``sum_r clip(c_r - a_r, 0, 1)``
-    (a_r the exact counts without it). ``noise_factor = n`` releases with the RACE authors'
-    scale ``R / (N eps)`` while the ledger still charges eps."""
+    """RACE Algorithm 1 (:meth:`RaceSketch.release_laplace`, the real code, one release per
+    trial) on n records and on n + 1. Score: the exact log-likelihood ratio of the R counters
+    the extra record touches (:func:`race_laplace_llr` at the claimed scale R/eps), summed;
+    its top set "every counter at least 2 above the exact count" has probability ratio
+    exactly e^eps. R is small (4) so that set is frequent: the scale R/eps is calibrated by
+    the same code for every R. ``noise_factor`` releases at ``epsilon * noise_factor`` while
+    the ledger still charges eps (2: half the noise; n: the RACE authors' R/(N eps))."""
     family = make_family("l2", 4, rows, 3, bandwidth=2.0)
-    points = np.random.default_rng(5).normal(size=(n + 1, 4)).astype(np.float32)
+    points = public_generator(5).normal(size=(n + 1, 4)).astype(np.float32)
     base = RaceSketch(family, width)
     base.update(points[:n])
     plus = base.copy()
     plus.update(points[n:])
     cells = (np.arange(rows), base.columns(points[n:])[0])
     exact = base.counts[cells].astype(np.float64)
+    claim = base.release_laplace(epsilon, NoiseSource.secure().generator("audit:claim"))
     ledger = PrivacyLedger("record")
-    base.release_laplace(epsilon, np.random.default_rng(0)).statement.record(ledger)
+    claim.statement.record(ledger)
+    scale = claim.statement.noise[0]
 
     def sample(neighbour: bool, trials: int, rng: np.random.Generator) -> F64:
         sketch = plus if neighbour else base
         released = [sketch.release_laplace(epsilon * noise_factor, rng) for _ in range(trials)]
         shifts = np.array([r.counts[cells] for r in released], dtype=np.float64) - exact
-        return np.asarray(np.clip(shifts, 0.0, 1.0).sum(axis=1), dtype=np.float64)
+        return np.asarray(race_laplace_llr(shifts, scale).sum(axis=1), dtype=np.float64)
 
-    name = "race-laplace" if noise_factor == 1.0 else "race-laplace-authors-scale"
+    if noise_factor == 1.0:
+        name = "race-laplace"
+    elif noise_factor == n:
+        name = "race-laplace-authors-scale"
+    else:
+        name = f"race-laplace-noise/{noise_factor:g}"
     return AuditScenario(
         name, sample, ledger.epsilon(delta), delta,
-        f"RACE Laplace, eps {epsilon:g}, R {rows}, W {width}, noise scale / {noise_factor:g}",
+        f"RACE Laplace, eps {epsilon:g}, R {rows}, W {width}, noise scale / {noise_factor:g}; "
+        "real release_laplace per trial",
     )  # fmt: skip
 
 
-def securesum_gaussian_scenario(
-    epsilon: float, clients: int = 4, delta: float = 1e-5
-) -> AuditScenario:
-    """One DCA secure-sum round (real parties, sealing and codec) of one coordinate in [-1, 1];
-    D' replaces client 0's value -1 by +1 (replace-one, L2 sensitivity 2). Score: the sum."""
-    values = np.zeros((clients, 1))
-    ledger = PrivacyLedger("client")
-
-    def run(value: float, rng: np.random.Generator, book: PrivacyLedger | None) -> float:
-        values[0, 0] = value
-        out = secure_sum(
-            values, epsilon=epsilon, delta=delta, sensitivity=2.0, bound=1.0, rng=rng,
-            ledger=book,
-        )  # fmt: skip
-        if out.value is None:
-            raise ValueError(f"the secure sum released nothing: {out.result.reason}")
-        return float(out.value[0])
-
-    run(-1.0, np.random.default_rng(0), ledger)
-
-    def sample(neighbour: bool, trials: int, rng: np.random.Generator) -> F64:
-        value = 1.0 if neighbour else -1.0
-        return np.array([run(value, rng, None) for _ in range(trials)], dtype=np.float64)
-
-    return AuditScenario(
-        "securesum-gaussian", sample, ledger.epsilon(delta), delta,
-        f"DCA secure sum, {clients} clients, eps {epsilon:g}, replace-one",
-    )  # fmt: skip
+def _z(eps: float, delta: float, count: int = 1) -> float:
+    return gaussian_noise_multiplier(eps, delta, count)
 
 
-def _z(eps: float, delta: float) -> float:
-    return gaussian_noise_multiplier(eps, delta)
+def _published() -> np.random.Generator:
+    return public_generator(PUBLISHED_SEED)
 
 
-AUDITS: dict[str, tuple[Callable[[float, float], AuditScenario], int]] = {
-    "validation-gaussian": (lambda e, d: gaussian_validation_scenario(_z(e, d), delta=d), 20000),
-    "summary-tree": (lambda e, d: summary_channel_scenario("tree", _z(e, d) * 2, delta=d), 4000),
-    "summary-gaussian": (
-        lambda e, d: summary_channel_scenario("gaussian", _z(e, d) * math.sqrt(8), delta=d),
-        4000,
+@dataclass(frozen=True)
+class Audit:
+    """One row of the table: how to build the scenario at target (eps, delta), the default
+    runs per input, and the correct mechanism (``family``) whose bound is the audit's power."""
+
+    build: Callable[[float, float], AuditScenario]
+    trials: int
+    family: str
+
+
+_G, _S = 1_000_000, 1_000_000  # runs per input: Gaussian releases, the secure sum
+AUDITS: dict[str, Audit] = {
+    "validation-gaussian": Audit(
+        lambda e, d: gaussian_validation_scenario(_z(e, d), delta=d), _G, "validation-gaussian"
     ),
-    "auction-pure": (lambda e, d: auction_scenario(e, "pure", delta=d), 50000),
-    "auction-paper": (lambda e, d: auction_scenario(e, "paper", delta=d), 50000),
-    "race-laplace": (lambda e, d: race_laplace_scenario(e, delta=d), 20000),
-    "securesum-gaussian": (lambda e, d: securesum_gaussian_scenario(e, delta=d), 400),
-    "laplace": (lambda e, d: laplace_count_scenario(e, delta=d), 100000),
-}
-"""Audit name -> (scenario at target (eps, delta), default trials per input)."""
-
-BROKEN: dict[str, tuple[Callable[[float, float], AuditScenario], int]] = {
-    "race-laplace-authors-scale": (
-        lambda e, d: race_laplace_scenario(e, noise_factor=200.0, delta=d),
-        2000,
+    "summary-tree": Audit(
+        lambda e, d: summary_channel_scenario("tree", _z(e, d, 3), delta=d), _G, "summary-tree"
     ),
-    "laplace-noise/10": (lambda e, d: laplace_count_scenario(e, 10.0, delta=d), 5000),
+    "summary-gaussian": Audit(
+        lambda e, d: summary_channel_scenario("gaussian", _z(e, d, 4), delta=d),
+        _G,
+        "summary-gaussian",
+    ),
+    "auction-pure": Audit(lambda e, d: auction_scenario(e, "pure", delta=d), 50000, "auction-pure"),
+    "auction-paper": Audit(
+        lambda e, d: auction_scenario(e, "paper", delta=d), 50000, "auction-paper"
+    ),
+    "race-laplace": Audit(lambda e, d: race_laplace_scenario(e, delta=d), 40000, "race-laplace"),
+    "securesum-gaussian": Audit(
+        lambda e, d: securesum_scenario(e, delta=d), _S, "securesum-gaussian"
+    ),
+    "laplace": Audit(lambda e, d: laplace_count_scenario(e, delta=d), 100000, "laplace"),
+    "validation-gaussian-vs-seed-adversary": Audit(
+        lambda e, d: seeded_noise_scenario(_z(e, d), _published, False, delta=d),
+        _G,
+        "validation-gaussian",
+    ),
 }
-"""Deliberately mis-calibrated mechanisms (noise N times too small): their audits must fail."""
+"""Correctly calibrated mechanisms (the last: the seeded-noise adversary against the correct,
+secret-keyed noise, which it cannot regenerate)."""
+
+BROKEN: dict[str, Audit] = {
+    "race-laplace-noise/2": Audit(
+        lambda e, d: race_laplace_scenario(e, noise_factor=2.0, delta=d), 40000, "race-laplace"
+    ),
+    "race-laplace-authors-scale": Audit(
+        lambda e, d: race_laplace_scenario(e, noise_factor=200.0, delta=d), 40000, "race-laplace"
+    ),
+    "validation-gaussian-noise/2": Audit(
+        lambda e, d: gaussian_validation_scenario(_z(e, d), noise_factor=2.0, delta=d),
+        _G,
+        "validation-gaussian",
+    ),
+    "laplace-noise/2": Audit(
+        lambda e, d: laplace_count_scenario(e, 2.0, delta=d), 100000, "laplace"
+    ),
+    "securesum-eps3-claimed-1": Audit(
+        lambda e, d: securesum_scenario(3.0 * e, claimed_epsilon=e, delta=d),
+        _S,
+        "securesum-gaussian",
+    ),
+    "securesum-colluders-uncounted": Audit(
+        lambda e, d: securesum_scenario(e, tolerance=0, delta=d), _S, "securesum-gaussian"
+    ),
+    "validation-gaussian-seeded-noise": Audit(
+        lambda e, d: seeded_noise_scenario(_z(e, d), _published, True, delta=d),
+        _G,
+        "validation-gaussian",
+    ),
+}
+"""Deliberately mis-calibrated mechanisms: their audits must fail."""
 
 
 def build_audit_parser(
@@ -158,7 +217,10 @@ def build_audit_parser(
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--trials", type=int, help="runs per input (default: per mechanism)")
     parser.add_argument("--confidence", type=float, default=0.95)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, help="reproducible audit noise (NoiseSource.reproducible); "
+        "default: secret-keyed ChaCha20 from the OS",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     parser.set_defaults(func=lambda args: _run(args))
     return parser
@@ -168,38 +230,60 @@ def _finite(value: float) -> float | None:
     return round(value, 4) if math.isfinite(value) else None
 
 
+class _Runner:
+    """Runs audits once each (a family's result is reused as the power of its variants)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.noise = (
+            NoiseSource.secure() if args.seed is None else NoiseSource.reproducible(args.seed)
+        )
+        self.done: dict[str, tuple[AuditScenario, AuditResult, float, int]] = {}
+
+    def run(self, name: str) -> tuple[AuditScenario, AuditResult, float, int]:
+        if name not in self.done:
+            audit = {**AUDITS, **BROKEN}[name]
+            scenario = audit.build(self.args.epsilon, self.args.delta)
+            trials = self.args.trials or audit.trials
+            start = time.perf_counter()
+            rng = self.noise.generator(f"audit:{name}")
+            result = run_audit(scenario, trials, rng, self.args.confidence)
+            self.done[name] = (scenario, result, time.perf_counter() - start, trials)
+        return self.done[name]
+
+
 def _run(args: argparse.Namespace) -> int:
-    chosen = list(args.mechanism) + (list(BROKEN) if args.broken else [])
+    chosen = list(dict.fromkeys(list(args.mechanism) + (list(BROKEN) if args.broken else [])))
     table = {**AUDITS, **BROKEN}
+    runner = _Runner(args)
     rows: list[dict[str, Any]] = []
-    print(f"{'mechanism':<28} {'ledger eps':>10} {'empirical >=':>12} {'estimate':>9} "
-          f"{'trials':>7} {'seconds':>8}  verdict")  # fmt: skip
-    for index, name in enumerate(dict.fromkeys(chosen)):
-        build, default_trials = table[name]
-        scenario = build(args.epsilon, args.delta)
-        start = time.perf_counter()
-        rng = np.random.default_rng([args.seed, index])
-        result = run_audit(scenario, args.trials or default_trials, rng, args.confidence)
+    print(f"{'mechanism':<38} {'ledger eps':>10} {'empirical >=':>12} {'power':>6} "
+          f"{'estimate':>9} {'trials':>8} {'seconds':>8}  verdict")  # fmt: skip
+    for name in chosen:
+        scenario, result, seconds, trials = runner.run(name)
+        power = runner.run(table[name].family)[1].epsilon_lower
         passed = result.epsilon_lower <= scenario.claimed_epsilon
-        seconds = time.perf_counter() - start
         claimed = "inf" if not math.isfinite(scenario.claimed_epsilon) else (
             f"{scenario.claimed_epsilon:.3f}"
         )  # fmt: skip
         print(
-            f"{name:<28} {claimed:>10} {result.epsilon_lower:>12.3f} "
-            f"{result.epsilon_estimate:>9.3f} {args.trials or default_trials:>7} {seconds:>8.1f}"
+            f"{name:<38} {claimed:>10} {result.epsilon_lower:>12.3f} {power:>6.3f} "
+            f"{result.epsilon_estimate:>9.3f} {trials:>8} {seconds:>8.1f}"
             f"  {'pass' if passed else 'FAIL: claim refuted'}"
         )
         rows.append(
             {
                 "mechanism": name,
                 "description": scenario.description,
+                "family": table[name].family,
                 "ledger_epsilon": _finite(scenario.claimed_epsilon),
                 "epsilon_lower": round(result.epsilon_lower, 4),
+                "power": round(power, 4),
                 "epsilon_estimate": _finite(result.epsilon_estimate),
                 "delta": args.delta,
                 "confidence": args.confidence,
-                "trials": args.trials or default_trials,
+                "trials": trials,
+                "seconds": round(seconds, 2),
                 "passed": passed,
             }
         )
