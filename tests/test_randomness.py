@@ -148,6 +148,7 @@ _PUBLIC_DRAWS = {
     ("protocol/hashing.py", "__init__"),  # RandomFourierFeatures: h1's public features
     ("protocol/selection.py", "exploration_generator"),
     ("protocol/releases.py", "public_candidates"),
+    ("protocol/audit_scenarios.py", "_hashed_pair"),  # the audit's fixed public data set
     ("streams/lsh.py", "__init__"),  # the LSH functions of a sketch
 }
 
