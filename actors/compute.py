@@ -8,9 +8,9 @@ from typing import Any
 import ray
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from dpmarket.protocol.errors import RemoteProtocolError
-from dpmarket.protocol.messages import ReplayGuard, decode, encode
-from dpmarket.protocol.securesum import ComputeNode, DcaConfig
+from dpmarket.protocol.securesum.parties import ComputeNode, DcaConfig
+from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
+from dpmarket.protocol.wire.errors import RemoteProtocolError
 
 __all__ = ["ComputeNodeActor"]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.protocol.curator import CuratorParams
-from dpmarket.protocol.dca_spec import SHARE_MODES
+from dpmarket.protocol.securesum.spec import SHARE_MODES
+from dpmarket.protocol.summary.curator import CuratorParams
 
 __all__ = [
     "ConfigError",

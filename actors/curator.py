@@ -26,12 +26,12 @@ from dpmarket.actors.dca import DcaHub, DcaUnavailable, moments_sensitivity, rec
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.refresh import PoolRefresher
 from dpmarket.actors.transport import FaultPlan, RayTransport
-from dpmarket.protocol.accounting import ADD_REMOVE, PrivacyLedger
-from dpmarket.protocol.curator import Curator, CuratorParams, SummaryResult
-from dpmarket.protocol.journal import pool_rows, restore_curator, snapshot_curator
-from dpmarket.protocol.securesum import DcaConfig, RoundResult
-from dpmarket.streams.lsh import make_family
-from dpmarket.streams.race import PrivacyStatement, RaceRelease, RaceSketch
+from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
+from dpmarket.protocol.securesum.parties import DcaConfig, RoundResult
+from dpmarket.protocol.summary.curator import Curator, CuratorParams, SummaryResult
+from dpmarket.protocol.summary.journal import pool_rows, restore_curator, snapshot_curator
+from dpmarket.streams.race.lsh import make_family
+from dpmarket.streams.race.sketch import PrivacyStatement, RaceRelease, RaceSketch
 
 __all__ = ["CuratorActor", "write_json_atomic"]
 

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dpmarket.protocol.accounting import ADD_REMOVE, PrivacyLedger
-from dpmarket.protocol.errors import RemoteProtocolError
-from dpmarket.protocol.messages import ReplayGuard, decode, encode
-from dpmarket.protocol.securesum import Aggregator, DcaConfig, RoundResult, RoundSpec
+from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
+from dpmarket.protocol.securesum.parties import Aggregator, DcaConfig, RoundResult, RoundSpec
+from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
+from dpmarket.protocol.wire.errors import RemoteProtocolError
 
 __all__ = ["DcaHub", "DcaUnavailable", "moments_sensitivity"]
 

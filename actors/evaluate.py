@@ -28,10 +28,10 @@ from sklearn.svm import LinearSVC
 from dpmarket.actors.randomness import NOISE_WARNING, NoiseSource, public_generator
 from dpmarket.actors.runner import baselines, run_inprocess
 from dpmarket.actors.scenarios import digits_split
-from dpmarket.protocol.accounting import PrivacyLedger
-from dpmarket.protocol.curator import CuratorParams, SummaryResult
-from dpmarket.protocol.objective import greedy_exact, mmd2, uniform_sample
-from dpmarket.protocol.release_plan import EXPLORE_SHARE, ReleasePlan, plan_releases
+from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.summary.curator import CuratorParams, SummaryResult
+from dpmarket.protocol.summary.objective import greedy_exact, mmd2, uniform_sample
+from dpmarket.protocol.summary.plan import EXPLORE_SHARE, ReleasePlan, plan_releases
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
 __all__ = [
@@ -218,11 +218,11 @@ MECHANISMS = (
     "herding-pure-select",
 )  # fmt: skip
 """Private mechanisms compared: the paper's Table 1 (MWEM h2, paper auction) and, planned to the
-budgets by :func:`~dpmarket.protocol.release_plan.plan_releases`, the Gaussian validation release
+budgets by :func:`~dpmarket.protocol.summary.plan.plan_releases`, the Gaussian validation release
 with per-epoch Gaussian / tree-aggregated / herding summary releases (auction: every bidder asked,
 tau = 1), herding with the calibrated pure auction (parsimonious), and "-select": exploration
 epochs plus the curator's exact final selection over every purchased point
-(protocol/selection.py)."""
+(protocol/summary/selection.py)."""
 
 CANDIDATE_DOMAINS: dict[str, tuple[str, float, float]] = {
     "synthetic": ("gaussian", 0.0, 1.0),  # features standardised by a public map
@@ -279,10 +279,10 @@ def recommended_params(
     explore_share: float = EXPLORE_SHARE,
 ) -> CuratorParams:
     """The recommended configuration: Gaussian g_tilde, herding g_l, every bidder asked,
-    exploration epochs and the exact final selection (``select``, protocol/selection.py).
+    exploration epochs and the exact final selection (``select``, protocol/summary/selection.py).
 
     Meets eps_owner and eps_validation at delta (PLD, every event of the run counted) by
-    :func:`~dpmarket.protocol.release_plan.plan_releases`; ``candidates`` describes the public
+    :func:`~dpmarket.protocol.summary.plan.plan_releases`; ``candidates`` describes the public
     feature domain the herding candidates are drawn from (see :data:`CANDIDATE_DOMAINS`).
     """
     budget = (eps_owner, eps_validation, delta)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpmarket.protocol.messages import Message
+from dpmarket.protocol.wire.codec import Message
 
 __all__ = ["FaultPlan", "fault_verdicts"]
 

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from dpmarket.actors.config import ConfigError, MarketConfig
 from dpmarket.actors.runner import OwnerInputs
-from dpmarket.streams.records import RecordBatch, Schema, SchemaError, iter_records
+from dpmarket.streams.records.files import RecordBatch, Schema, SchemaError, iter_records
 from dpmarket.streams.synthetic import Scenario, median_heuristic_gamma
 
 __all__ = [

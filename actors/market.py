@@ -33,8 +33,8 @@ from dpmarket.actors.randomness import public_generator
 from dpmarket.actors.report import CONSUMER_REPORT, mmd2_by_prefix, write_outputs
 from dpmarket.actors.runner import OwnerInputs, RayMarket, spawn_market, unique_actors
 from dpmarket.actors.scenarios import digits_split
-from dpmarket.protocol.objective import mmd2
-from dpmarket.streams.records import Schema
+from dpmarket.protocol.summary.objective import mmd2
+from dpmarket.streams.records.files import Schema
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift, median_heuristic_gamma
 
 __all__ = [
@@ -171,8 +171,8 @@ def _secure_phases(
     ``[privacy].refresh_every`` the nodes stay up for the refresh rounds (actors/refresh.py)."""
     import ray
 
-    from dpmarket.protocol.securesum import DcaConfig
-    from dpmarket.protocol.securesum_driver import _auto_frac_bits
+    from dpmarket.protocol.securesum.driver import _auto_frac_bits
+    from dpmarket.protocol.securesum.parties import DcaConfig
 
     secure = config.secure
     if not secure["enabled"] or snapshot is not None:
@@ -248,7 +248,7 @@ def _spawn_nodes(dca: Any, market: RayMarket) -> dict[str, Any]:
     import ray
 
     from dpmarket.actors.compute import ComputeNodeActor
-    from dpmarket.protocol.sealing import generate_keypair, key_fingerprint
+    from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
 
     owners = market.owners
     publics = ray.get([owners[o].dca_identity.remote(o) for o in dca.clients])

@@ -24,14 +24,14 @@ import ray
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.protocol.errors import RemoteProtocolError
-from dpmarket.protocol.messages import ReplayGuard, decode, encode
-from dpmarket.protocol.securesum import Client, DcaConfig, NodeKeyMismatch, RoundSpec
-from dpmarket.protocol.summarize import Owner
-from dpmarket.streams.lsh import make_family
-from dpmarket.streams.race import RaceSketch
-from dpmarket.streams.records import RejectsWriter, Schema
-from dpmarket.streams.tail import FileTailer
+from dpmarket.protocol.securesum.parties import Client, DcaConfig, NodeKeyMismatch, RoundSpec
+from dpmarket.protocol.summary.owner import Owner
+from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
+from dpmarket.protocol.wire.errors import RemoteProtocolError
+from dpmarket.streams.race.lsh import make_family
+from dpmarket.streams.race.sketch import RaceSketch
+from dpmarket.streams.records.files import RejectsWriter, Schema
+from dpmarket.streams.records.tail import FileTailer
 
 __all__ = ["OwnerActor", "handle_frames"]
 

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 from dpmarket.actors.dca import DcaHub, record_for_owners
-from dpmarket.protocol.accounting import ADD_REMOVE, PrivacyLedger
-from dpmarket.protocol.securesum import RoundResult
-from dpmarket.streams.race import RaceRelease
+from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
+from dpmarket.protocol.securesum.parties import RoundResult
+from dpmarket.streams.race.sketch import RaceRelease
 
 __all__ = ["PoolRefresher"]
 

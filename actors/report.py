@@ -95,8 +95,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.actors.curator import write_json_atomic
-from dpmarket.protocol.accounting import PrivacyLedger
-from dpmarket.protocol.objective import rbf_gram
+from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.summary.objective import rbf_gram
 
 __all__ = [
     "CONSUMER_FIELDS",

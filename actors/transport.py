@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from dpmarket.actors.faults import FaultPlan
-from dpmarket.protocol.errors import RemoteProtocolError
-from dpmarket.protocol.messages import Message, ReplayGuard, decode, encode
-from dpmarket.protocol.parties import Party
+from dpmarket.protocol.wire.codec import Message, ReplayGuard, decode, encode
+from dpmarket.protocol.wire.errors import RemoteProtocolError
+from dpmarket.protocol.wire.parties import Party
 
 __all__ = ["FaultPlan", "LoopbackTransport", "RayTransport", "TransportStalled"]
 

@@ -3,7 +3,7 @@
 What bounds dca_scaling at many clients and small d: each client seals one AES-GCM frame per
 round under that round's fresh key, and its value node opens it; each pair's block stream is
 computed once per B(d) rounds on each side. This script times those pieces with the real code
-(``protocol/sealing.py``, ``protocol/dca_masks.py``) on n frames of 8 d bytes:
+(``protocol/securesum/sealing.py``, ``protocol/securesum/masks.py``) on n frames of 8 d bytes:
 
 * seal / open with per-round keys (what runs: ``seal_rows`` / ``open_rows``, one AES-GCM
   context per frame);
@@ -28,9 +28,9 @@ import time
 import numpy as np
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from dpmarket.protocol.dca_masks import block_rounds, block_streams, mask_cipher
-from dpmarket.protocol.dgauss import sample_discrete_gaussian
-from dpmarket.protocol.sealing import PairKey, open_rows, seal_rows
+from dpmarket.protocol.privacy.dgauss import sample_discrete_gaussian
+from dpmarket.protocol.securesum.masks import block_rounds, block_streams, mask_cipher
+from dpmarket.protocol.securesum.sealing import PairKey, open_rows, seal_rows
 
 
 def best_of(repeats: int, run: object) -> float:

@@ -31,8 +31,8 @@ import numpy as np
 from numpy.typing import NDArray
 from sklearn.datasets import load_diabetes
 
-from dpmarket.protocol.accounting import PrivacyLedger
-from dpmarket.protocol.regression import (
+from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.regression.model import (
     METHODS,
     RegressionConfig,
     fit,

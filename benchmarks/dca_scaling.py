@@ -3,7 +3,7 @@
 Every round runs the real parties with sealing on (X25519 session keys, per-round AES-GCM frame
 keys, discrete Gaussian noise) and every frame crosses the msgpack codec. ``--shares derived``
 (the default) derives the blinding shares and frame keys from each pair's AES-CTR block stream,
-one stream per pair per block of B(d) rounds (``protocol/dca_masks.py``); ``--shares
+one stream per pair per block of B(d) rounds (``protocol/securesum/masks.py``); ``--shares
 sealed-seeds`` sends each share as a sealed seed and derives round keys with HKDF.
 Clients are batched many per process (``--workers`` processes, each hosting
 client parties of at most 2^24 values at the session's largest d); each compute node runs in
@@ -50,10 +50,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dpmarket.protocol.dca_masks import block_rounds
-from dpmarket.protocol.dca_spec import SHARE_MODES
-from dpmarket.protocol.messages import Message, ReplayGuard, decode, encode
-from dpmarket.protocol.securesum import Aggregator, Client, ComputeNode, DcaConfig
+from dpmarket.protocol.securesum.masks import block_rounds
+from dpmarket.protocol.securesum.parties import Aggregator, Client, ComputeNode, DcaConfig
+from dpmarket.protocol.securesum.spec import SHARE_MODES
+from dpmarket.protocol.wire.codec import Message, ReplayGuard, decode, encode
 
 PAPER = {  # Table 1: Spark, M = 10, seconds; rows N, columns d = 10, 1e2, 1e3, 1e4
     100: (1.72, 2.03, 3.43, 15.30),

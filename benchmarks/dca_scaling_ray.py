@@ -23,9 +23,9 @@ import ray
 from dpmarket.actors.cluster import connect
 from dpmarket.actors.compute import ComputeNodeActor
 from dpmarket.actors.dca import DcaHub
-from dpmarket.protocol.accounting import PrivacyLedger
-from dpmarket.protocol.messages import encode
-from dpmarket.protocol.securesum import Client, DcaConfig, RoundSpec
+from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.securesum.parties import Client, DcaConfig, RoundSpec
+from dpmarket.protocol.wire.codec import encode
 
 __all__ = ["ClientBatch", "RayCluster"]
 

@@ -31,10 +31,10 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from dpmarket.streams.lsh import L2Lsh
-from dpmarket.streams.race import RaceSketch
-from dpmarket.streams.records import Schema, iter_records
-from dpmarket.streams.tail import FileTailer
+from dpmarket.streams.race.lsh import L2Lsh
+from dpmarket.streams.race.sketch import RaceSketch
+from dpmarket.streams.records.files import Schema, iter_records
+from dpmarket.streams.records.tail import FileTailer
 
 FEATURES = 10
 CHUNK = 1 << 22

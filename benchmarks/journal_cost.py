@@ -1,6 +1,6 @@
 """What journaling the purchased pool costs per checkpoint: inline snapshot vs append-only rows.
 
-A curator with the final selection (protocol/selection.py) keeps every point it bought; the
+A curator with the final selection (protocol/summary/selection.py) keeps every point it bought; the
 journal must keep them too. Inline, every checkpoint rewrites the whole pool; with
 ``snapshot_curator(c, pool_inline=False)`` plus :func:`pool_rows` appended to a file (what
 actors/curator.py does) each point is serialised once. The run is simulated: a pool growing by
@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
-from dpmarket.protocol.curator import Curator, CuratorParams
-from dpmarket.protocol.journal import pool_rows, snapshot_curator
-from dpmarket.protocol.selection import PoolEntry
+from dpmarket.protocol.summary.curator import Curator, CuratorParams
+from dpmarket.protocol.summary.journal import pool_rows, snapshot_curator
+from dpmarket.protocol.summary.selection import PoolEntry
 
 OWNERS, FEATURES = 16, 20
 

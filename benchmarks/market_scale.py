@@ -28,7 +28,7 @@ import numpy as np
 from dpmarket.actors.cluster import connect
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.runner import run_inprocess, run_ray
-from dpmarket.protocol.curator import CuratorParams
+from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
 

@@ -39,11 +39,11 @@ from numpy.typing import NDArray
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.model_selection import train_test_split
 
-from dpmarket.protocol.accounting import ADD_REMOVE
-from dpmarket.protocol.securesum_driver import secure_sum
-from dpmarket.streams.lsh import L2Lsh
-from dpmarket.streams.race import PrivacyStatement, RaceRelease, RaceSketch, gaussian_sigma
-from dpmarket.streams.race_apps import KdeClassifier
+from dpmarket.protocol.privacy.ledger import ADD_REMOVE
+from dpmarket.protocol.securesum.driver import secure_sum
+from dpmarket.streams.race.apps import KdeClassifier
+from dpmarket.streams.race.lsh import L2Lsh
+from dpmarket.streams.race.sketch import PrivacyStatement, RaceRelease, RaceSketch, gaussian_sigma
 
 EPSILONS = (0.1, 1.0, 10.0)
 OWNERS, TOLERANCE = 5, 1  # the "gaussian-dca" rows: K owners' sketches, secure sum tolerating T

@@ -29,8 +29,8 @@ import numba
 import numpy as np
 from numpy.typing import NDArray
 
-from dpmarket.streams.lsh import L2Lsh
-from dpmarket.streams.race import RaceSketch
+from dpmarket.streams.race.lsh import L2Lsh
+from dpmarket.streams.race.sketch import RaceSketch
 
 ROWS, WIDTH, SKIN_N = 1000, 1000, 241_000
 

@@ -1,6 +1,7 @@
 """How far can steering by the released validation mean go? (issue 6, digits split)
 
-A non-private diagnostic behind the "oversample, then select" design (protocol/selection.py).
+A non-private diagnostic behind the "oversample, then select" design
+(protocol/summary/selection.py).
 For each seed of the appendix G digits split and each p it computes the MMD^2 to the test set of
 
 * ``greedy``: exact greedy over every owner point against the exact validation set;
@@ -28,10 +29,10 @@ import time
 import numpy as np
 
 from dpmarket.actors.scenarios import digits_split
-from dpmarket.protocol.hashing import RandomFourierFeatures
-from dpmarket.protocol.objective import greedy_exact, greedy_hashed, mmd2, uniform_sample
-from dpmarket.protocol.release_plan import plan_releases
-from dpmarket.protocol.releases import clip_rows
+from dpmarket.protocol.summary.hashing import RandomFourierFeatures
+from dpmarket.protocol.summary.objective import greedy_exact, greedy_hashed, mmd2, uniform_sample
+from dpmarket.protocol.summary.plan import plan_releases
+from dpmarket.protocol.summary.releases import clip_rows
 
 BUY_FACTORS = (2, 3, 5)
 

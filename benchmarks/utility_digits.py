@@ -18,7 +18,7 @@ import dataclasses
 import json
 import time
 
-from dpmarket.actors.cli import make_scenario, print_table
+from dpmarket.actors.commands.main import make_scenario, print_table
 from dpmarket.actors.evaluate import METHODS, evaluate
 from dpmarket.actors.randomness import NoiseSource
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from dpmarket.protocol.curator import Curator, CuratorParams
+from dpmarket.protocol.summary.curator import Curator, CuratorParams
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
 

@@ -45,10 +45,23 @@ FORBIDDEN = frozenset(
     }
 )
 FILE_EXCEPTIONS: dict[str, frozenset[str]] = {
-    "streams/tail.py": frozenset({"asyncio", "os", "pathlib"}),
-    "streams/records.py": frozenset({"pathlib", "os", "io"}),
+    "streams/records/tail.py": frozenset({"asyncio", "os", "pathlib"}),
+    "streams/records/files.py": frozenset({"pathlib", "os", "io"}),
 }
 MAY_OPEN = frozenset(FILE_EXCEPTIONS)
+
+# Inner rules of the sans-I/O core: which protocol subsystems each may import. wire and privacy
+# are the shared foundation; the three papers' systems never reach into each other, except that
+# regression runs its sums through securesum. streams may use the foundation and never the
+# summarisation (its sketches must stay usable without a market).
+PROTOCOL_DEPENDENCIES: dict[str, frozenset[str]] = {
+    "wire": frozenset(),
+    "privacy": frozenset(),
+    "summary": frozenset({"wire", "privacy"}),
+    "securesum": frozenset({"wire", "privacy"}),
+    "regression": frozenset({"wire", "privacy", "securesum"}),
+}
+STREAMS_MAY_NOT = ("dpmarket.protocol.summary",)
 NUMPY_RANDOM_ALLOWED = frozenset(
     {"default_rng", "Generator", "BitGenerator", "SeedSequence", "PCG64", "PCG64DXSM", "Philox"}
     | {"SFC64", "MT19937"}
@@ -83,6 +96,28 @@ class Checker(ast.NodeVisitor):
         streams = module == "dpmarket.streams" or module.startswith("dpmarket.streams.")
         if self.relpath.startswith("protocol/") and streams:
             self.flag(node, f"imports {module!r} (protocol/ must not depend on streams/)")
+        self.check_subsystem(node, module)
+
+    def check_subsystem(self, node: ast.AST, module: str) -> None:
+        """The inner rules: PROTOCOL_DEPENDENCIES and STREAMS_MAY_NOT."""
+        parts = module.split(".")
+        if self.relpath.startswith("streams/") and any(
+            module == banned or module.startswith(banned + ".") for banned in STREAMS_MAY_NOT
+        ):
+            self.flag(node, f"imports {module!r} (streams/ never uses the summarisation)")
+        if not self.relpath.startswith("protocol/") or parts[:2] != ["dpmarket", "protocol"]:
+            return
+        if len(parts) < 3 or parts[2] not in PROTOCOL_DEPENDENCIES:
+            return  # the protocol package itself (nothing else lives at its top)
+        own_parts = self.relpath.split("/")
+        own = own_parts[1] if len(own_parts) > 2 else ""
+        target = parts[2]
+        if target != own and target not in PROTOCOL_DEPENDENCIES.get(own, frozenset()):
+            self.flag(
+                node,
+                f"imports {module!r} (protocol/{own or '<top>'} may use only "
+                f"{sorted(PROTOCOL_DEPENDENCIES.get(own, frozenset())) or 'itself'})",
+            )
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -115,7 +150,7 @@ class Checker(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         if isinstance(node.func, ast.Name):
             if node.func.id == "open" and self.relpath not in MAY_OPEN:
-                self.flag(node, "calls open() (files are opened only by streams/records.py)")
+                self.flag(node, "calls open() (files are opened only by streams/records/files.py)")
             if node.func.id == "__import__":
                 self.flag(node, "calls __import__() (dynamic imports hide dependencies)")
         self.generic_visit(node)
@@ -156,7 +191,7 @@ def pure_files() -> list[Path]:
 
 def test_pure_layers_have_no_io_clocks_threads_or_global_rng() -> None:
     files = pure_files()
-    assert ROOT / "protocol" / "messages.py" in files  # the scan really looks at the tree
+    assert ROOT / "protocol" / "wire" / "codec.py" in files  # the scan really looks at the tree
     found = [
         v
         for path in files
@@ -211,23 +246,23 @@ def test_checker_accepts_clean_source() -> None:
     source = (
         "from __future__ import annotations\n"
         "import math\nimport numpy as np\nimport numpy.typing as npt\n"
-        "from dpmarket.protocol.errors import ProtocolError\n"
+        "from dpmarket.protocol.wire.errors import ProtocolError\n"
         "from .messages import encode\n"
         "def f(rng: np.random.Generator) -> float:\n"
         "    g = np.random.default_rng(np.random.SeedSequence(1))\n"
         "    return float(rng.normal() + g.random() + math.pi)\n"
         "class C:\n    def open(self) -> None:\n        self.random = 1\n"
     )
-    assert violations(source, "protocol/x.py") == []
+    assert violations(source, "protocol/summary/x.py") == []
 
 
 @pytest.mark.parametrize(
     ("relpath", "source", "flagged"),
     [
-        ("streams/tail.py", "import asyncio\nimport os\nfrom pathlib import Path\n", set()),
-        ("streams/tail.py", "import io\nimport time\n", {1, 2}),
-        ("streams/records.py", "import io\nimport os\nx = open('f')\n", set()),
-        ("streams/records.py", "import asyncio\n", {1}),
+        ("streams/records/tail.py", "import asyncio\nimport os\nfrom pathlib import Path\n", set()),
+        ("streams/records/tail.py", "import io\nimport time\n", {1, 2}),
+        ("streams/records/files.py", "import io\nimport os\nx = open('f')\n", set()),
+        ("streams/records/files.py", "import asyncio\n", {1}),
         ("protocol/tail.py", "import asyncio\nx = open('f')\n", {1, 2}),
         ("streams/other.py", "import pathlib\n", {1}),
     ],
@@ -238,3 +273,35 @@ def test_checker_exceptions_are_exact(relpath: str, source: str, flagged: set[in
 
 def test_checker_reports_unparsable_files() -> None:
     assert violations("def broken(:\n", "protocol/bad.py")[0].startswith("protocol/bad.py:1:")
+
+
+def test_every_protocol_and_streams_module_lives_in_a_subsystem() -> None:
+    """The tree reads as the architecture: nothing but ``__init__.py`` at the top of protocol/,
+    and every protocol subpackage is one the dependency rules know."""
+    top = sorted(p.name for p in (ROOT / "protocol").glob("*.py"))
+    assert top == ["__init__.py"]
+    subsystems = {p.name for p in (ROOT / "protocol").iterdir() if (p / "__init__.py").exists()}
+    assert subsystems == set(PROTOCOL_DEPENDENCIES)
+    assert {p.name for p in (ROOT / "streams").iterdir() if (p / "__init__.py").exists()} == {
+        "records",
+        "race",
+    }
+
+
+@pytest.mark.parametrize(
+    ("relpath", "source", "flagged"),
+    [
+        ("protocol/wire/x.py", "from dpmarket.protocol.privacy.ledger import L\n", {1}),
+        ("protocol/privacy/x.py", "from dpmarket.protocol.wire.codec import encode\n", {1}),
+        ("protocol/summary/x.py", "from dpmarket.protocol.securesum.spec import D\n", {1}),
+        ("protocol/securesum/x.py", "from ..summary import curator\n", {1}),
+        ("protocol/securesum/x.py", "from dpmarket.protocol.regression import model\n", {1}),
+        ("protocol/summary/x.py", "from dpmarket.protocol.wire.codec import encode\n"
+         "from dpmarket.protocol.privacy.ledger import L\nfrom .releases import r\n", set()),
+        ("protocol/regression/x.py", "from dpmarket.protocol.securesum.driver import d\n", set()),
+        ("streams/race/x.py", "from dpmarket.protocol.summary.hashing import h\n", {1}),
+        ("streams/race/x.py", "from dpmarket.protocol.privacy.ledger import L\n", set()),
+    ],
+)  # fmt: skip
+def test_checker_enforces_the_subsystem_rules(relpath: str, source: str, flagged: set[int]) -> None:
+    assert lines(violations(source, relpath)) == flagged

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpmarket.actors.cli import main
+from dpmarket.actors.commands.main import main
 from dpmarket.streams.synthetic import gaussian_mixture_shift
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

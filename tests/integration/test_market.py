@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.cli import main
+from dpmarket.actors.commands.main import main
 from dpmarket.actors.curator import read_pool_rows
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

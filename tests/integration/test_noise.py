@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpmarket.actors.cli import main
+from dpmarket.actors.commands.main import main
 from dpmarket.actors.config import MarketConfig, load_market_config
 from dpmarket.actors.market import make_market_scenario
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.protocol.hashing import RandomFourierFeatures
-from dpmarket.protocol.releases import clip_rows
+from dpmarket.protocol.summary.hashing import RandomFourierFeatures
+from dpmarket.protocol.summary.releases import clip_rows
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 

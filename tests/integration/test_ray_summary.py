@@ -11,7 +11,7 @@ import pytest
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.runner import run_inprocess, run_ray
 from dpmarket.actors.transport import FaultPlan
-from dpmarket.protocol.curator import CuratorParams
+from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.streams.synthetic import Scenario
 from tests.small import small_params, small_scenario
 

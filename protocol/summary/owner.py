@@ -1,0 +1,248 @@
+"""Owner and Curator state machines of private summarisation (Sarpatwar et al., Algorithm 3).
+
+Theory of operation
+-------------------
+The curator holds the consumer's validation set D_v and a public seed set D_init. It sends every
+owner the public parameters (``summary.setup``: h1's seed, d, gamma, tau), then g_tilde, the DP
+release of mean h1 over D_v (``summary.validation``). Epoch l opens with ``summary.epoch``
+carrying g_l, an estimate of the mean of h1 over the summary S collected so far (the seed's exact
+hashed sum subtracted, PAPER-NOTES item 2) and q = |S|. Every owner bids its best point by the
+corrected bid b(x) = h1(x) . (g_tilde - q/(q+1) g_l) (PAPER-NOTES item 1), or passes. The curator
+runs the private auction over the bids, asks the chosen owners for their points, verifies each
+delivered point against its bid, and adds the best verified one to S. Asked points that lose stay
+with their owners and may be bid again (Algorithm 3, line 16).
+
+Deviation from Algorithm 3: an owner is never told whether its delivered point was kept (that
+outcome is a deterministic function of the other owners' bids, so telling it would not be DP).
+A kept point therefore keeps its high bid and could be bid and refused (as a duplicate) forever,
+stalling the run; so an owner withdraws a point after delivering it ``max_deliveries`` times.
+That decision uses only what the owner already saw (being asked), so it costs no privacy.
+
+Exploration epochs (``EpochBody.explore``, protocol/summary/selection.py): the owner bids a biddable
+point drawn by a generator seeded with public values only, scored as usual; every bidder is asked.
+
+Deadlines: a phase's deadline is armed at the first ``expire(now)`` after it opens and fires at
+``now >= armed + phase_timeout``; owners that have not answered by then count as dropped for that
+epoch and the phase continues without them. An epoch that adds nothing (nobody asked, every
+delivery failed verification) repeats with the *same* release (no new privacy cost); the run stops
+after ``max_epochs`` steering epochs (plus any exploration epochs) in any case.
+
+Transition tables
+-----------------
+Owner:   (any, setup) -> awaiting_validation; (awaiting_validation, validation) -> idle;
+         (idle | bidding, epoch) -> bidding [sends bid or pass]; (bidding, ask) -> bidding
+         [sends deliver]; (any but new, finish) -> finished.
+Curator: (bidding, bid | pass) -> bidding / asking; (asking, deliver) -> asking / bidding / done;
+         late frames of an earlier epoch are counted and ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from dpmarket.protocol.summary.hashing import RandomFourierFeatures
+from dpmarket.protocol.summary.messages import (
+    AskBody,
+    BidBody,
+    DeliverBody,
+    EpochBody,
+    PassBody,
+    SetupBody,
+    ValidationBody,
+)
+from dpmarket.protocol.summary.objective import bid_direction
+from dpmarket.protocol.summary.selection import exploration_generator
+from dpmarket.protocol.wire.codec import Message
+from dpmarket.protocol.wire.errors import RemoteProtocolError
+from dpmarket.protocol.wire.parties import Handler, Outbox, body_of, dispatch
+
+__all__ = ["Owner"]
+
+F64 = npt.NDArray[np.float64]
+_OWNER_STATES = ("new", "awaiting_validation", "idle", "bidding", "finished")
+
+
+@dataclass
+class _OwnerStore:
+    """Records an owner holds: features, labels and their h1 hashes (hashed once).
+
+    ``HT`` holds the hashes feature-major (d x n, C-contiguous): the per-epoch bid product
+    ``direction @ HT`` then streams each hash coordinate once, about 2.5x faster than
+    ``H @ direction`` on n x d rows here."""
+
+    X: F64
+    y: F64
+    HT: npt.NDArray[np.float32] | None = None
+
+
+class Owner:
+    """A data owner (Algorithm 3, line 6): bids its best point, delivers it when asked.
+
+    The owner sees only releases that are DP with respect to the other owners' data (g_tilde,
+    g_l) and whether it was asked; it never learns whether its point was kept. New records given
+    to :meth:`add_records` become biddable at the next epoch.
+    """
+
+    def __init__(self, name: str, run: str, X: npt.ArrayLike, y: npt.ArrayLike | None = None):
+        X_arr = np.asarray(X, dtype=np.float64)
+        if X_arr.ndim != 2:
+            raise ValueError(f"X: expected a 2-D array of records, got shape {X_arr.shape}")
+        y_arr = np.zeros(len(X_arr)) if y is None else np.asarray(y, dtype=np.float64)
+        if y_arr.shape != (len(X_arr),):
+            raise ValueError(f"y: expected shape ({len(X_arr)},), got {y_arr.shape}")
+        if not (np.isfinite(X_arr).all() and np.isfinite(y_arr).all()):
+            raise ValueError("X, y: records must be finite")
+        self.name = name
+        self.run = run
+        self.state = "new"
+        self._store = _OwnerStore(X_arr, y_arr)
+        self._pending: list[tuple[F64, F64]] = []
+        self._out = Outbox(run, name)
+        self._h1: RandomFourierFeatures | None = None
+        self._setup: SetupBody | None = None
+        self._g_validation: F64 | None = None
+        self._bids: dict[int, float] = {}  # token -> bid of the current epoch
+        self._deliveries = np.zeros(len(X_arr), dtype=np.int64)  # per token
+        self.epochs_seen = 0
+        self.asks = 0
+        self._table: dict[tuple[str, str], Handler] = {
+            # setup is accepted in every state: a resumed run re-sends it to returning owners
+            **{(state, "summary.setup"): self._on_setup for state in _OWNER_STATES},
+            ("awaiting_validation", "summary.validation"): self._on_validation,
+            ("idle", "summary.epoch"): self._on_epoch,
+            ("bidding", "summary.epoch"): self._on_epoch,
+            ("bidding", "summary.ask"): self._on_ask,
+            ("awaiting_validation", "summary.finish"): self._on_finish,
+            ("idle", "summary.finish"): self._on_finish,
+            ("bidding", "summary.finish"): self._on_finish,
+        }
+
+    @property
+    def n_records(self) -> int:
+        return len(self._store.X) + sum(len(x) for x, _ in self._pending)
+
+    def records(self) -> F64:
+        """Every record held, pending ones included (for the owner's secure-sum contributions)."""
+        parts = [self._store.X, *(x for x, _ in self._pending)]
+        return np.concatenate(parts) if len(parts) > 1 else self._store.X
+
+    def add_records(self, X: npt.ArrayLike, y: npt.ArrayLike | None = None) -> None:
+        """Queue new records; they are hashed and biddable from the next epoch on."""
+        X_arr = np.asarray(X, dtype=np.float64)
+        if X_arr.ndim != 2 or X_arr.shape[1] != self._store.X.shape[1]:
+            raise ValueError(f"X: expected shape (n, {self._store.X.shape[1]}), got {X_arr.shape}")
+        y_arr = np.zeros(len(X_arr)) if y is None else np.asarray(y, dtype=np.float64)
+        if y_arr.shape != (len(X_arr),) or not np.isfinite(X_arr).all():
+            raise ValueError("records must be finite and labels must match the records")
+        self._pending.append((X_arr, y_arr))
+
+    def receive(self, msg: Message) -> list[Message]:
+        return dispatch(self.name, self.run, self.state, self._table, msg)
+
+    def expire(self, now: float) -> list[Message]:
+        return []  # an owner has no deadlines of its own
+
+    # --------------------------------------------------------------------------- handlers
+    def _on_setup(self, msg: Message) -> list[Message]:
+        body = body_of(msg, SetupBody)
+        if body.n_features != self._store.X.shape[1]:
+            raise RemoteProtocolError(
+                f"summary.setup.n_features: {body.n_features} != owner's {self._store.X.shape[1]}"
+            )
+        if body.d < 1 or body.gamma <= 0 or body.tau < 1 or body.max_deliveries < 1:
+            raise RemoteProtocolError(
+                "summary.setup: d, gamma, tau and max_deliveries must be positive"
+            )
+        try:
+            h1 = RandomFourierFeatures(
+                body.n_features,
+                body.d,
+                body.gamma,
+                body.h1_seed,
+                center=body.center,
+                scale=body.scale,
+            )
+        except ValueError as exc:
+            raise RemoteProtocolError(f"summary.setup: {exc}") from None
+        self._h1, self._setup = h1, body
+        self._store.HT = np.ascontiguousarray(h1(self._store.X).T, dtype=np.float32)
+        self.state = "awaiting_validation"
+        return []
+
+    def _on_validation(self, msg: Message) -> list[Message]:
+        body = body_of(msg, ValidationBody)
+        g = np.asarray(body.g_validation, dtype=np.float64)
+        self._check_vector("summary.validation.g_validation", g)
+        self._g_validation = g
+        self.state = "idle"
+        return []
+
+    def _on_epoch(self, msg: Message) -> list[Message]:
+        body = body_of(msg, EpochBody)
+        g = np.asarray(body.g_summary, dtype=np.float64)
+        self._check_vector("summary.epoch.g_summary", g)
+        if body.summary_size < 0:
+            raise RemoteProtocolError("summary.epoch.summary_size: must be >= 0")
+        self._ingest_pending()
+        self.state = "bidding"
+        self.epochs_seen += 1
+        store = self._store
+        assert store.HT is not None and self._g_validation is not None
+        assert self._setup is not None
+        biddable = self._deliveries < self._setup.max_deliveries
+        if not biddable.any():
+            self._bids = {}
+            return [self._out.make(msg.sender, msg.round, PassBody("no records left to bid"))]
+        # one float32 matrix-vector product scores every record (the curator re-checks the
+        # winner's bid in float64 within its verification tolerance)
+        direction = bid_direction(self._g_validation, g, body.summary_size)
+        bids = np.where(biddable, direction.astype(np.float32) @ store.HT, -np.inf)
+        if body.explore:  # a uniform draw by a public generator (protocol/summary/selection.py)
+            draw = exploration_generator(self._setup.h1_seed, msg.round, self.name)
+            token = int(draw.choice(np.flatnonzero(biddable)))
+        else:
+            token = int(np.argmax(bids))
+        self._bids = {token: float(bids[token])}
+        return [self._out.make(msg.sender, msg.round, BidBody(token, float(bids[token])))]
+
+    def _on_ask(self, msg: Message) -> list[Message]:
+        body = body_of(msg, AskBody)
+        if body.token not in self._bids:
+            raise RemoteProtocolError(f"summary.ask.token: {body.token} was not bid this epoch")
+        self.asks += 1
+        store, token = self._store, body.token
+        self._deliveries[token] += 1
+        label = float(store.y[token])
+        assert self._setup is not None and store.HT is not None
+        if self._setup.less_trusted:
+            hashed = np.ascontiguousarray(store.HT[:, token], dtype=np.float32)
+            deliver = DeliverBody(token, hashed=hashed, label=label)
+        else:
+            deliver = DeliverBody(token, point=store.X[token].copy(), label=label)
+        return [self._out.make(msg.sender, msg.round, deliver)]
+
+    def _on_finish(self, msg: Message) -> list[Message]:
+        self.state = "finished"
+        return []
+
+    # ---------------------------------------------------------------------------- helpers
+    def _check_vector(self, name: str, g: F64) -> None:
+        assert self._setup is not None
+        if g.shape != (self._setup.d,):
+            raise RemoteProtocolError(f"{name}: shape {g.shape}, expected ({self._setup.d},)")
+
+    def _ingest_pending(self) -> None:
+        if not self._pending:
+            return
+        assert self._h1 is not None and self._store.HT is not None
+        X_new = np.concatenate([x for x, _ in self._pending])
+        y_new = np.concatenate([y for _, y in self._pending])
+        self._pending.clear()
+        store = self._store
+        store.X = np.concatenate([store.X, X_new])
+        store.y = np.concatenate([store.y, y_new])
+        store.HT = np.concatenate([store.HT, self._h1(X_new).T.astype(np.float32)], axis=1)
+        self._deliveries = np.concatenate([self._deliveries, np.zeros(len(X_new), np.int64)])

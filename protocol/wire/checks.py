@@ -1,0 +1,163 @@
+"""Value checks of the wire codec (:mod:`.messages`): the limits every field must respect and
+the functions that enforce them, shared by construction (``LocalProtocolError``) and decoding
+(``RemoteProtocolError``). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from typing import Any, Union
+
+import numpy as np
+
+from dpmarket.protocol.wire.errors import ProtocolError
+
+__all__ = [
+    "ALLOWED_DTYPES",
+    "MAX_ARRAY_BYTES",
+    "MAX_ARRAY_DIMS",
+    "MAX_COUNTER",
+    "MAX_INT",
+    "MAX_LIST_LEN",
+    "MAX_STR_LEN",
+    "MAX_TEXT_BYTES",
+    "MIN_INT",
+    "ErrorType",
+    "capacity",
+    "check_array",
+    "check_counter",
+    "check_str",
+    "check_value",
+    "show",
+    "supported",
+]
+
+MAX_ARRAY_BYTES = 48 * 1024 * 1024  # one array's payload
+MAX_ARRAY_DIMS = 4
+MAX_STR_LEN = 256  # names, run ids, kinds
+MAX_TEXT_BYTES = 64 * MAX_STR_LEN  # other string fields, in UTF-8 bytes
+MAX_LIST_LEN = 1_000_000
+MAX_INT = 2**64 - 1
+MIN_INT = -(2**63)
+MAX_COUNTER = 2**53  # round and seq stay exact in every language's doubles
+
+ALLOWED_DTYPES = frozenset(
+    {"|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f4", "<f8"}
+)
+
+ErrorType = type[ProtocolError]
+_SCALARS = (bool, int, float, str, bytes, type(None))
+
+
+def show(value: object) -> str:
+    """A short, never-failing description of a peer's value for an error message."""
+    if isinstance(value, _SCALARS):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return f"<{type(value).__name__}>"
+
+
+def supported(hint: Any) -> bool:
+    """Whether the codec can carry a field of type ``hint`` (checked once, in ``register``)."""
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return len(inner) == 1 and supported(inner[0])
+    if origin is tuple:
+        args = typing.get_args(hint)
+        return len(args) == 2 and args[1] is Ellipsis and supported(args[0])
+    return hint in (bool, int, float, str, bytes, np.ndarray) or origin is np.ndarray
+
+
+def _utf8_len(name: str, value: str, err: ErrorType) -> int:
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise err(f"{name}: not encodable as UTF-8") from None
+
+
+def check_str(name: str, value: object, err: ErrorType) -> str:
+    if not isinstance(value, str):
+        raise err(f"{name}: expected a string, got {type(value).__name__}")
+    if not value or len(value) > MAX_STR_LEN:
+        raise err(f"{name}: length {len(value)} outside 1..{MAX_STR_LEN}")
+    _utf8_len(name, value, err)
+    return value
+
+
+def check_counter(name: str, value: object, err: ErrorType) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise err(f"{name}: expected an integer, got {type(value).__name__}")
+    if not 0 <= value <= MAX_COUNTER:
+        raise err(f"{name}: {value} outside 0..2^53")
+    return value
+
+
+def capacity(shape: list[int] | tuple[int, ...], itemsize: int) -> int:
+    """Bytes the shape would need if every zero extent were one (bounds empty arrays too)."""
+    return math.prod(max(s, 1) for s in shape) * itemsize
+
+
+def check_array(name: str, value: object, err: ErrorType) -> None:
+    if not isinstance(value, np.ndarray):
+        raise err(f"{name}: expected a numpy array, got {type(value).__name__}")
+    if value.dtype.str not in ALLOWED_DTYPES:
+        raise err(f"{name}: dtype {value.dtype.str} is not allowed")
+    if value.ndim > MAX_ARRAY_DIMS:
+        raise err(f"{name}: {value.ndim} dimensions, at most {MAX_ARRAY_DIMS}")
+    if capacity(value.shape, value.dtype.itemsize) > MAX_ARRAY_BYTES:
+        raise err(f"{name}: shape {list(value.shape)} exceeds {MAX_ARRAY_BYTES} bytes")
+    if value.dtype.kind == "f" and not bool(np.isfinite(value).all()):
+        raise err(f"{name}: contains NaN or infinity")
+
+
+def check_value(name: str, hint: Any, value: object, err: ErrorType) -> object:
+    """Check ``value`` against a type hint; return it (ints widened to float where asked)."""
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return check_value(name, inner[0], value, err)
+    if origin is tuple:
+        item_hint = typing.get_args(hint)[0]
+        if not isinstance(value, (tuple, list)):
+            raise err(f"{name}: expected a list, got {type(value).__name__}")
+        if len(value) > MAX_LIST_LEN:
+            raise err(f"{name}: {len(value)} items, at most {MAX_LIST_LEN}")
+        return tuple(check_value(f"{name}[{i}]", item_hint, v, err) for i, v in enumerate(value))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise err(f"{name}: expected a boolean, got {type(value).__name__}")
+        return value
+    if hint is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise err(f"{name}: expected an integer, got {type(value).__name__}")
+        if not MIN_INT <= value <= MAX_INT:
+            raise err(f"{name}: integer {value} out of the 64-bit range")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise err(f"{name}: expected a number, got {type(value).__name__}")
+        if isinstance(value, int) and not MIN_INT <= value <= MAX_INT:
+            raise err(f"{name}: integer {value} out of the 64-bit range")
+        if not math.isfinite(value):
+            raise err(f"{name}: must be finite, got {value}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise err(f"{name}: expected a string, got {type(value).__name__}")
+        if _utf8_len(name, value, err) > MAX_TEXT_BYTES:
+            raise err(f"{name}: string of {len(value)} characters is too long")
+        return value
+    if hint is bytes:
+        if not isinstance(value, bytes):
+            raise err(f"{name}: expected bytes, got {type(value).__name__}")
+        return value
+    if hint is np.ndarray or typing.get_origin(hint) is np.ndarray:
+        check_array(name, value, err)
+        return value
+    raise err(f"{name}: unsupported field type {hint!r}")  # pragma: no cover - see register

@@ -1,0 +1,106 @@
+"""Placement of owners in actor processes and the market config keys that control it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpmarket.actors.config import ConfigError, FaultConfig, load_market_config
+from dpmarket.actors.faults import fault_verdicts
+from dpmarket.actors.refresh import PoolRefresher
+from dpmarket.actors.runner import owner_groups
+from dpmarket.actors.transport import FaultPlan
+from dpmarket.protocol.securesum.parties import RoundResult
+
+NAMES = [f"owner-{i}" for i in range(1, 8)]
+
+
+def test_owners_are_chunked_and_faulty_or_pinned_owners_stand_alone() -> None:
+    assert owner_groups(NAMES, 1, FaultPlan(), {}) == [[n] for n in NAMES]
+    assert owner_groups(NAMES, 3, FaultPlan(), {}) == [NAMES[0:3], NAMES[3:6], NAMES[6:]]
+    faults = FaultPlan(kill_at={"owner-2": 4}, delay={"owner-5": 1.0})
+    groups = owner_groups(NAMES, 4, faults, {"owner-7": {"node-b": 1.0}})
+    assert groups[:3] == [["owner-2"], ["owner-5"], ["owner-7"]]
+    assert groups[3:] == [["owner-1", "owner-3", "owner-4", "owner-6"]]
+    assert sorted(n for g in groups for n in g) == sorted(NAMES)  # everybody exactly once
+
+
+def test_owners_per_actor_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="owners_per_actor"):
+        owner_groups(NAMES, 0, FaultPlan(), {})
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[market]\nowners_per_actor = 0\n", "[market].owners_per_actor"),
+        ("[privacy]\nstandardize = 'yes'\n", "[privacy].standardize"),
+        ("[privacy]\nrefresh_every = -1\n", "[privacy].refresh_every"),
+        ("[privacy]\neps_refresh = 0\n", "[privacy].eps_refresh"),
+        ("[summary]\ncenter = [0.0]\n", "center"),
+        ("[market]\ndca_shares = 'seeds'\n", "[market].dca_shares"),
+    ],
+)
+def test_market_config_refuses_bad_placement_and_standardisation_keys(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        load_market_config(path)
+
+
+def test_market_config_defaults_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "ok.toml"
+    path.write_text("[market]\nowners = 4\n")
+    config = load_market_config(path)
+    assert config.owners_per_actor == 1 and config.secure["standardize"] is True
+    assert config.dca_shares == "derived"
+    overrides = ["market.owners_per_actor=2", "privacy.standardize=false"]
+    config = load_market_config(path, [*overrides, "market.dca_shares=sealed-seeds"])
+    assert config.owners_per_actor == 2 and config.secure["standardize"] is False
+    assert config.dca_shares == "sealed-seeds"
+
+
+def test_fault_verdicts_say_what_was_tolerated_and_what_never_triggered() -> None:
+    faults = FaultConfig(
+        kill={"owner-1": 4, "owner-3": 99},
+        slow={"owner-2": 3.0},
+        colluders=("owner-5",),
+        kill_curator_at=7,
+    )
+    payload = {"lost": {"owner-1": 4, "owner-2": 1}, "curator_restarts": 0}
+    verdicts = {(v["party"], v["verdict"]) for v in fault_verdicts(faults, payload, 3)}
+    assert verdicts == {
+        ("owner-5", "tolerated"),
+        ("owner-1", "tolerated"),
+        ("owner-3", "not triggered"),
+        ("owner-2", "tolerated"),
+        ("curator", "not triggered"),
+    }
+    assert all(v["t_used"] == "3 of T = 3" for v in fault_verdicts(faults, payload, 3))
+
+
+def _scan(value: object) -> RoundResult:
+    return RoundResult(
+        round=2,
+        status="released" if value is not None else "insufficient",
+        reason="",
+        value=value,  # type: ignore[arg-type]
+        ring_total=None,
+        included=("owner-1", "owner-2"),
+        missing=("owner-3",),
+        sigma_std=1.0,
+        sensitivity=1.0,
+    )
+
+
+def test_refresh_deltas_start_where_a_released_contribution_ended() -> None:
+    plan = {"refresh_every": 4}
+    released = PoolRefresher(None, plan, None, _scan(np.zeros(4)), None, None)  # type: ignore[arg-type]
+    assert released.base == {"owner-1": 2, "owner-2": 2}  # owner-3 was missing: from record 0
+    # a scan that released nothing leaves every record for the first delta
+    assert PoolRefresher(None, plan, None, _scan(None), None, None).base == {}  # type: ignore[arg-type]
+    assert [released.due(e) for e in (1, 3, 4, 5, 7, 8)] == [False, False, True, False, False, True]
