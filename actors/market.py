@@ -26,7 +26,7 @@ from dpmarket.actors.cluster import connect
 from dpmarket.actors.config import ConfigError, FaultConfig, MarketConfig, load_market_config
 from dpmarket.actors.curator import pool_file, read_pool_rows
 from dpmarket.actors.dca import moments_sensitivity
-from dpmarket.actors.evaluate import svm_accuracy
+from dpmarket.actors.evaluation import svm_accuracy
 from dpmarket.actors.faults import FaultPlan, fault_verdicts
 from dpmarket.actors.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
 from dpmarket.actors.randomness import public_generator

@@ -18,8 +18,8 @@ import dataclasses
 import json
 import time
 
-from dpmarket.actors.commands.main import make_scenario, print_table
-from dpmarket.actors.evaluate import METHODS, evaluate
+from dpmarket.actors.commands.digits import make_scenario, print_table
+from dpmarket.actors.evaluation import METHODS, evaluate
 from dpmarket.actors.randomness import NoiseSource
 
 

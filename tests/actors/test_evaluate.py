@@ -1,4 +1,5 @@
-"""Issue 6 evaluation (actors/evaluate.py): scenarios, the recommended preset, rows and JSON."""
+"""Issue 6 evaluation (actors/evaluation.py, actors/utility.py, actors/commands/evaluate.py):
+scenarios, the recommended preset, rows and JSON."""
 
 from __future__ import annotations
 
@@ -9,18 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dpmarket.actors.commands.evaluate import utility_json, utility_main, utility_table
 from dpmarket.actors.config import load_demo_config, load_market_config
-from dpmarket.actors.evaluate import (
+from dpmarket.actors.evaluation import paper_params
+from dpmarket.actors.runner import run_inprocess
+from dpmarket.actors.utility import (
     evaluate_utility,
     mechanism_params,
-    paper_params,
     recommended_params,
-    utility_json,
-    utility_main,
     utility_scenario,
-    utility_table,
 )
-from dpmarket.actors.runner import run_inprocess
 from dpmarket.protocol.summary.objective import greedy_exact, mmd2, uniform_sample
 from dpmarket.streams.synthetic import gaussian_mixture_shift
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dpmarket.actors import report as report_module
-from dpmarket.actors.commands.main import _print_report
+from dpmarket.actors.commands.market import print_report as _print_report
 from dpmarket.actors.curator import (
     _coverage,
     _moments_summary,

@@ -1,0 +1,84 @@
+"""``dpmarket run``, ``simulate``, ``validate`` and ``resume``: a market on Ray
+(actors/market.py), its outcome and privacy printed from the reports (actors/report.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from dpmarket.actors.config import load_market_config
+from dpmarket.actors.randomness import NOISE_WARNING
+
+__all__ = ["add_market_parsers", "print_report"]
+
+
+def _market(args: argparse.Namespace) -> int:
+    from dpmarket.actors.market import resume_market, run_market
+
+    if args.command == "resume":
+        outcome = resume_market(Path(args.out), args.address)
+    else:
+        config = load_market_config(args.config, args.set)
+        if config.reproducible_noise:
+            print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)
+        if args.command == "validate":
+            print(json.dumps(config.public_record(), indent=2, default=str))
+            print(f"{args.config}: valid", file=sys.stderr)
+            return 0
+        outcome = run_market(config, Path(args.out) if args.out else None, args.address)
+    if outcome.report is not None:
+        print_report(outcome.report, outcome.consumer_report)
+    print(outcome.message, file=sys.stderr if outcome.exit_code else sys.stdout)
+    return outcome.exit_code
+
+
+def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None) -> None:
+    """Print the public ``report`` and, when given, the consumer's utility (actors/report.py)."""
+    outcome, parsimony = report["outcome"], report["parsimony"]
+    print(f"state {outcome['state']} after {outcome['epochs']} epochs: {outcome['reason']}")
+    print(
+        f"summary {parsimony['summary_size']} points; curator saw {parsimony['distinct_points']} "
+        f"distinct points in {parsimony['total_transfers']} transfers (rho {parsimony['rho']:.2f})"
+    )
+    delta = report["privacy"]["delta"]
+    print(f"{'protected party':<16} {'eps (PLD)':>10} {'Theorem 7':>10} {'paper count':>12}")
+    for party, entry in report["privacy"]["parties"].items():
+        cells = [entry[k] for k in ("pld", "theorem7", "paper")]
+        text = ["inf" if v is None else f"{v:.3f}" for v in cells]
+        line = f"{party:<16} {text[0]:>10} {text[1]:>10} {text[2]:>12}   (delta {delta:g})"
+        if "against_colluders" in entry:
+            pooled = entry["against_colluders"]
+            line += f"; vs colluders {'inf' if pooled is None else f'{pooled:.3f}'}"
+        print(line)
+    for name, row in (consumer or {}).get("utility", {}).items():
+        print(f"utility {name:<8} MMD^2 {row['mmd2']:.5f}  LinearSVC {row['svm_accuracy']:.3f}")
+    lost = report["faults"]["lost"]
+    if lost:
+        print(f"tolerated: owners lost {lost}")
+
+
+def add_market_parsers(sub: Any) -> None:
+    for name, text in (
+        ("run", "run a market on Ray (embedded local instance unless --address)"),
+        ("simulate", "run a simulated market with the faults its config declares"),
+        ("validate", "check a configuration file and print what it records"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("config", help="TOML market configuration (see configs/)")
+        cmd.add_argument("--out", help="output directory (default: [run].out)")
+        cmd.add_argument("--address", help="Ray address, or 'auto' (default: RAY_ADDRESS/local)")
+        cmd.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="SECTION.KEY=VALUE",
+            help="override a configuration value (TOML syntax), repeatable",
+        )
+        cmd.set_defaults(func=_market)
+    resume = sub.add_parser("resume", help="continue a refused or crashed run from OUT/.journal")
+    resume.add_argument("out", help="the output directory of the run")
+    resume.add_argument("--address", help="Ray address, or 'auto'")
+    resume.set_defaults(func=_market)
