@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from sklearn.svm import LinearSVC
 
+from dpmarket.actors.config import ConfigError, check_keys
 from dpmarket.actors.randomness import NoiseSource, public_generator
 from dpmarket.actors.runner import baselines, run_inprocess
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
@@ -28,7 +31,15 @@ from dpmarket.protocol.summary.curator import CuratorParams, SummaryResult
 from dpmarket.protocol.summary.objective import mmd2
 from dpmarket.streams.synthetic import Scenario
 
-__all__ = ["METHODS", "EvaluationTable", "evaluate", "paper_params", "svm_accuracy"]
+__all__ = [
+    "METHODS",
+    "DemoConfig",
+    "EvaluationTable",
+    "evaluate",
+    "load_demo_config",
+    "paper_params",
+    "svm_accuracy",
+]
 
 METHODS = ("greedy", "hashed_greedy", "private", "uniform", "protocol_noiseless")
 NOISELESS_EPS = 1e6  # h2 with this eps is the protocol without DP noise (a diagnostic, not private)
@@ -183,3 +194,61 @@ def _privacy(ledgers: dict[str, PrivacyLedger], owner: str, delta: float) -> dic
             "validation_delta": 0.01,
         },
     }
+
+
+# ------------------------------------------------- the evaluation config (configs/evaluate.toml)
+_SCENARIOS = ("digits", "synthetic")
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    scenario: str = "digits"
+    seeds: tuple[int, ...] = (0, 1)
+    p: tuple[int, ...] = (20, 50, 100)
+    delta: float = 1e-5
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, params: CuratorParams) -> CuratorParams:
+        return dataclasses.replace(params, **self.overrides)
+
+
+def load_demo_config(path: str | Path) -> DemoConfig:
+    """Parse a demo/evaluation TOML file (see configs/demo.toml)."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read configuration ({exc})") from None
+    check_keys("top level", data, {"scenario", "summary"})
+    scen = data.get("scenario", {})
+    check_keys("scenario", scen, {"name", "seeds", "p", "delta"})
+    summary = data.get("summary", {})
+    tunable = {f.name for f in dataclasses.fields(CuratorParams)} - {
+        "p",
+        "gamma",
+        "h1_seed",
+        "center",
+        "scale",
+    }
+    check_keys("summary", summary, tunable)
+    name = scen.get("name", "digits")
+    if name not in _SCENARIOS:
+        raise ConfigError(f"[scenario].name: {name!r} is not one of {list(_SCENARIOS)}")
+    seeds, p = scen.get("seeds", [0, 1]), scen.get("p", [20, 50, 100])
+    for key, values in (("seeds", seeds), ("p", p)):
+        if (
+            not isinstance(values, list)
+            or not values
+            or not all(isinstance(v, int) and v >= 0 for v in values)
+        ):
+            raise ConfigError(f"[scenario].{key}: expected a non-empty list of integers >= 0")
+    if any(v < 1 for v in p):
+        raise ConfigError("[scenario].p: summary sizes must be >= 1")
+    delta = scen.get("delta", 1e-5)
+    if not isinstance(delta, float) or not 0 < delta < 1:
+        raise ConfigError(f"[scenario].delta: expected a number in (0, 1), got {delta!r}")
+    config = DemoConfig(name, tuple(seeds), tuple(p), delta, dict(summary))
+    try:  # validate the overrides now, with CuratorParams' own checks
+        config.apply(CuratorParams(p=1))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[summary]: {exc}") from None
+    return config

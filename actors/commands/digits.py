@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from dpmarket.actors.config import ConfigError, DemoConfig, load_demo_config
-from dpmarket.actors.evaluation import EvaluationTable, evaluate
+from dpmarket.actors.config import ConfigError
+from dpmarket.actors.evaluation import DemoConfig, EvaluationTable, evaluate, load_demo_config
 from dpmarket.actors.randomness import NOISE_WARNING, NoiseSource
 from dpmarket.actors.scenarios import digits_split
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from dpmarket.actors.commands.evaluate import utility_json, utility_main, utility_table
-from dpmarket.actors.config import load_demo_config, load_market_config
-from dpmarket.actors.evaluation import paper_params
+from dpmarket.actors.config import load_market_config
+from dpmarket.actors.evaluation import load_demo_config, paper_params
 from dpmarket.actors.runner import run_inprocess
 from dpmarket.actors.utility import (
     evaluate_utility,
