@@ -31,6 +31,7 @@ import io
 import json
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final
 
@@ -62,8 +63,9 @@ from dpmarket.streams.records.text import _scan_numbers as _scan_numbers
 __all__ = [
     "ARITY", "FORMATS", "MALFORMED", "NON_FINITE", "NON_NUMERIC", "OUT_OF_BOUNDS", "RAW_LIMIT",
     "TOO_LONG", "TRUNCATED", "ChunkDecoder", "CsvDecoder", "Decoded", "JsonlDecoder",
-    "MsgpackDecoder", "RecordBatch", "Reject", "RejectsWriter", "Schema", "SchemaError",
-    "decode_npy", "decoder_for", "format_of", "iter_records", "read_rejects",
+    "MsgpackDecoder", "Position", "RecordBatch", "Reject", "RejectsWriter", "Schema",
+    "SchemaError", "decode_npy", "decoder_for", "format_of", "iter_records", "load_position",
+    "read_rejects", "save_position",
 ]  # fmt: skip
 
 _SUFFIXES: Final = {
@@ -247,3 +249,62 @@ def read_rejects(path: str | Path) -> list[dict[str, object]]:
     """All reject entries of a rejects file, in order."""
     text = Path(path).read_text(encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line]
+
+
+# ------------------------------------------------ the tailer's persisted read position
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where reading resumes: file identity, byte offset (a record boundary), the decoder's
+    ``mid_record`` flag and a fingerprint (hash of the first ``min(offset, 1024)`` bytes)."""
+
+    device: int
+    inode: int
+    offset: int
+    mid_record: bool = False
+    fingerprint: str = ""
+
+
+def load_position(state_path: str | Path) -> Position | None:
+    """The persisted position, or ``None`` if there is none; refuses a corrupt state file."""
+    path = Path(state_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        raw = json.loads(text)
+        return Position(
+            int(raw["device"]),
+            int(raw["inode"]),
+            int(raw["offset"]),
+            bool(raw["mid_record"]),
+            str(raw["fingerprint"]),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"state_path {str(path)!r}: not a tail position ({exc})") from None
+
+
+def save_position(state_path: str | Path, position: Position, *, fsync: bool = True) -> None:
+    """Persist ``position`` atomically: write a temp file, fsync it, ``os.replace`` it over
+    ``state_path`` (and fsync the directory), so a crash leaves the old or the new state."""
+    path = Path(state_path)
+    temp = path.with_name(path.name + ".tmp")
+    payload = {
+        "device": position.device,
+        "inode": position.inode,
+        "offset": position.offset,
+        "mid_record": position.mid_record,
+        "fingerprint": position.fingerprint,
+    }
+    with temp.open("w", encoding="utf-8") as handle:
+        handle.write(json.dumps(payload))
+        handle.flush()
+        if fsync:
+            os.fsync(handle.fileno())
+    os.replace(temp, path)
+    if fsync:
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)

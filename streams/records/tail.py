@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -44,29 +43,20 @@ from dpmarket.streams.records.files import (
     TRUNCATED,
     ChunkDecoder,
     Float32Array,
+    Position,
     RecordBatch,
     Reject,
     RejectsWriter,
     Schema,
     decoder_for,
     format_of,
+    load_position,
+    save_position,
 )
 
-__all__ = ["FileTailer", "Position", "TailBatch", "load_position", "save_position"]
+__all__ = ["FileTailer", "TailBatch"]
 
 FINGERPRINT_BYTES = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Position:
-    """Where reading resumes: file identity, byte offset (a record boundary), the decoder's
-    ``mid_record`` flag and a fingerprint (hash of the first ``min(offset, 1024)`` bytes)."""
-
-    device: int
-    inode: int
-    offset: int
-    mid_record: bool = False
-    fingerprint: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,52 +79,6 @@ class TailBatch:
 
     def __len__(self) -> int:
         return len(self.records)
-
-
-def load_position(state_path: str | Path) -> Position | None:
-    """The persisted position, or ``None`` if there is none; refuses a corrupt state file."""
-    path = Path(state_path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    try:
-        raw = json.loads(text)
-        return Position(
-            int(raw["device"]),
-            int(raw["inode"]),
-            int(raw["offset"]),
-            bool(raw["mid_record"]),
-            str(raw["fingerprint"]),
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"state_path {str(path)!r}: not a tail position ({exc})") from None
-
-
-def save_position(state_path: str | Path, position: Position, *, fsync: bool = True) -> None:
-    """Persist ``position`` atomically: write a temp file, fsync it, ``os.replace`` it over
-    ``state_path`` (and fsync the directory), so a crash leaves the old or the new state."""
-    path = Path(state_path)
-    temp = path.with_name(path.name + ".tmp")
-    payload = {
-        "device": position.device,
-        "inode": position.inode,
-        "offset": position.offset,
-        "mid_record": position.mid_record,
-        "fingerprint": position.fingerprint,
-    }
-    with temp.open("w", encoding="utf-8") as handle:
-        handle.write(json.dumps(payload))
-        handle.flush()
-        if fsync:
-            os.fsync(handle.fileno())
-    os.replace(temp, path)
-    if fsync:
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
 
 
 def _fingerprint(fd: int, offset: int) -> str:

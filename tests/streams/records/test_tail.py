@@ -22,17 +22,14 @@ from dpmarket.streams.records.files import (
     TRUNCATED,
     ChunkDecoder,
     MsgpackDecoder,
+    Position,
     RejectsWriter,
     Schema,
-    read_rejects,
-)
-from dpmarket.streams.records.tail import (
-    FileTailer,
-    Position,
-    TailBatch,
     load_position,
+    read_rejects,
     save_position,
 )
+from dpmarket.streams.records.tail import FileTailer, TailBatch
 
 SCHEMA = Schema.box(2, 0.0, 1e6)
 
