@@ -36,6 +36,7 @@ from dpmarket.protocol.summary.auction import (
     choose_winner,
     run_auction,
 )
+from dpmarket.protocol.summary.channels import make_summary_channel
 from dpmarket.protocol.summary.hashing import MwemHash, RandomFourierFeatures
 from dpmarket.protocol.summary.messages import (
     AskBody,
@@ -48,7 +49,7 @@ from dpmarket.protocol.summary.messages import (
 )
 from dpmarket.protocol.summary.objective import hashed_bids
 from dpmarket.protocol.summary.params import CuratorParams
-from dpmarket.protocol.summary.releases import make_summary_channel, release_validation
+from dpmarket.protocol.summary.releases import release_validation
 from dpmarket.protocol.summary.selection import PoolEntry, PurchasedPool
 from dpmarket.protocol.summary.state import Provenance, SummaryResult, _Epoch
 from dpmarket.protocol.wire.codec import Message
