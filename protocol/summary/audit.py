@@ -33,7 +33,7 @@ from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.summary.auction import AuctionBid, run_auction
 from dpmarket.protocol.summary.channels import GaussianChannel, SummaryChannel, TreeChannel
 from dpmarket.protocol.summary.curator import CuratorParams
-from dpmarket.protocol.summary.hashing import RandomFourierFeatures
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.releases import clip_rows, release_validation
 
 __all__ = [

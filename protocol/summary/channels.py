@@ -60,7 +60,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.protocol.privacy.ledger import MechanismEvent
-from dpmarket.protocol.summary.hashing import MwemHash, RandomFourierFeatures
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures
+from dpmarket.protocol.summary.h2 import MwemHash
 from dpmarket.protocol.summary.params import SUMMARY_RELEASES, CuratorParams
 from dpmarket.protocol.summary.releases import (
     candidate_box,

@@ -37,7 +37,8 @@ from dpmarket.protocol.summary.auction import (
     run_auction,
 )
 from dpmarket.protocol.summary.channels import make_summary_channel
-from dpmarket.protocol.summary.hashing import MwemHash, RandomFourierFeatures
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures
+from dpmarket.protocol.summary.h2 import MwemHash
 from dpmarket.protocol.summary.messages import (
     AskBody,
     BidBody,

@@ -40,12 +40,8 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from dpmarket.protocol.privacy.ledger import (
-    ADD_REMOVE,
-    REPLACE_ONE_RECORD,
-    PrivacyLedger,
-)
-from dpmarket.protocol.summary.hashing import MwemHash
+from dpmarket.protocol.privacy.ledger import ADD_REMOVE, REPLACE_ONE_RECORD, PrivacyLedger
+from dpmarket.protocol.summary.h2 import MwemHash
 from dpmarket.protocol.summary.params import (
     CANDIDATE_DISTRIBUTIONS,
     VALIDATION_RELEASES,

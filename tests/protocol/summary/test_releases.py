@@ -24,7 +24,8 @@ from dpmarket.protocol.summary.channels import (
     TreeChannel,
 )
 from dpmarket.protocol.summary.curator import CuratorParams
-from dpmarket.protocol.summary.hashing import MwemHash, RandomFourierFeatures
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures
+from dpmarket.protocol.summary.h2 import MwemHash
 from dpmarket.protocol.summary.objective import greedy_hashed, hashed_bids
 from dpmarket.protocol.summary.plan import dimension_rule, gaussian_noise_multiplier, plan_releases
 from dpmarket.protocol.summary.releases import clip_rows, public_candidates, release_validation
