@@ -8,7 +8,8 @@ from typing import Any
 import ray
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from dpmarket.protocol.securesum.parties import ComputeNode, DcaConfig
+from dpmarket.protocol.securesum.node import ComputeNode
+from dpmarket.protocol.securesum.spec import DcaConfig
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 

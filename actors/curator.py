@@ -27,7 +27,7 @@ from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.refresh import PoolRefresher
 from dpmarket.actors.transport import FaultPlan, RayTransport
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
-from dpmarket.protocol.securesum.parties import DcaConfig, RoundResult
+from dpmarket.protocol.securesum.spec import DcaConfig, RoundResult
 from dpmarket.protocol.summary.curator import Curator, CuratorParams, SummaryResult
 from dpmarket.protocol.summary.journal import pool_rows, restore_curator, snapshot_curator
 from dpmarket.streams.race.lsh import make_family

@@ -26,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
-from dpmarket.protocol.securesum.parties import Aggregator, DcaConfig, RoundResult, RoundSpec
+from dpmarket.protocol.securesum.aggregator import Aggregator
+from dpmarket.protocol.securesum.spec import DcaConfig, RoundResult, RoundSpec
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 

@@ -24,7 +24,8 @@ import ray
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.protocol.securesum.parties import Client, DcaConfig, NodeKeyMismatch, RoundSpec
+from dpmarket.protocol.securesum.client import Client, NodeKeyMismatch
+from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError

@@ -33,7 +33,7 @@ def secure_phases(
     import ray
 
     from dpmarket.protocol.securesum.driver import _auto_frac_bits
-    from dpmarket.protocol.securesum.parties import DcaConfig
+    from dpmarket.protocol.securesum.spec import DcaConfig
 
     secure = config.secure
     if not secure["enabled"] or snapshot is not None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from dpmarket.actors.dca import DcaHub, record_for_owners
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
-from dpmarket.protocol.securesum.parties import RoundResult
+from dpmarket.protocol.securesum.spec import RoundResult
 from dpmarket.streams.race.sketch import RaceRelease
 
 __all__ = ["PoolRefresher"]

@@ -15,7 +15,7 @@ import numpy.typing as npt
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.summary.curator import Curator, CuratorParams, SummaryResult
-from dpmarket.protocol.summary.hashing import RandomFourierFeatures
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.objective import greedy_exact, greedy_hashed, uniform_sample
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.streams.synthetic import Scenario

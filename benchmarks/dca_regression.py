@@ -32,12 +32,8 @@ from numpy.typing import NDArray
 from sklearn.datasets import load_diabetes
 
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
-from dpmarket.protocol.regression.model import (
-    METHODS,
-    RegressionConfig,
-    fit,
-    projection_thresholds,
-)
+from dpmarket.protocol.regression.fits import METHODS, fit, projection_thresholds
+from dpmarket.protocol.regression.model import RegressionConfig
 
 F64 = NDArray[np.float64]
 EPSILONS = (0.5, 1.0, 2.0, 4.0)

@@ -50,9 +50,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dpmarket.protocol.securesum.aggregator import Aggregator
+from dpmarket.protocol.securesum.client import Client
 from dpmarket.protocol.securesum.masks import block_rounds
-from dpmarket.protocol.securesum.parties import Aggregator, Client, ComputeNode, DcaConfig
-from dpmarket.protocol.securesum.spec import SHARE_MODES
+from dpmarket.protocol.securesum.node import ComputeNode
+from dpmarket.protocol.securesum.spec import SHARE_MODES, DcaConfig
 from dpmarket.protocol.wire.codec import Message, ReplayGuard, decode, encode
 
 PAPER = {  # Table 1: Spark, M = 10, seconds; rows N, columns d = 10, 1e2, 1e3, 1e4

@@ -24,7 +24,8 @@ from dpmarket.actors.cluster import connect
 from dpmarket.actors.compute import ComputeNodeActor
 from dpmarket.actors.dca import DcaHub
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
-from dpmarket.protocol.securesum.parties import Client, DcaConfig, RoundSpec
+from dpmarket.protocol.securesum.client import Client
+from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.wire.codec import encode
 
 __all__ = ["ClientBatch", "RayCluster"]

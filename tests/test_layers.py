@@ -299,7 +299,7 @@ def test_every_protocol_and_streams_module_lives_in_a_subsystem() -> None:
         ("protocol/summary/x.py", "from dpmarket.protocol.wire.codec import encode\n"
          "from dpmarket.protocol.privacy.ledger import L\nfrom .releases import r\n", set()),
         ("protocol/regression/x.py", "from dpmarket.protocol.securesum.driver import d\n", set()),
-        ("streams/race/x.py", "from dpmarket.protocol.summary.hashing import h\n", {1}),
+        ("streams/race/x.py", "from dpmarket.protocol.summary.h1 import h\n", {1}),
         ("streams/race/x.py", "from dpmarket.protocol.privacy.ledger import L\n", set()),
     ],
 )  # fmt: skip

@@ -20,7 +20,8 @@ from dpmarket.actors.config import ConfigError
 from dpmarket.actors.randomness import NOISE_WARNING, NoiseSource, public_generator
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.regression.dca import fit_dca
-from dpmarket.protocol.regression.model import RegressionConfig, fit_nonprivate
+from dpmarket.protocol.regression.fits import fit_nonprivate
+from dpmarket.protocol.regression.model import RegressionConfig
 
 __all__ = ["add_regress_parser"]
 

@@ -7,10 +7,11 @@ events and re-accounts them by three methods:
 * ``"pld"`` -- numerical privacy-loss-distribution composition (dp_accounting 0.6.0, pessimistic
   rounding, so the result is an upper bound on the true epsilon at the requested delta);
 * ``"theorem7"`` -- the heterogeneous composition bound of Kairouz et al. (2017) as quoted in
-  Theorem 7, Appendix D of Sarpatwar et al. (2019);
+  Theorem 7, Appendix D of Sarpatwar et al. (2019) (:mod:`.composition`);
 * ``"paper"`` -- what Section 4 of Sarpatwar et al. reports: only events carrying a
   ``paper_epsilon``, composed with the loose form ``sum eps (e^eps - 1) + sqrt(2 ln(1/delta)
-  sum eps^2)`` that reproduces the paper's 1.4 (validation set) and 0.043 (summary).
+  sum eps^2)`` that reproduces the paper's 1.4 (validation set) and 0.043 (summary)
+  (:mod:`.composition`).
 
 The paper under-counts (PAPER-NOTES, Summarization item 3): one h2 iteration is an exponential
 mechanism (2*eps-DP for the form used) plus a Laplace step (eps-DP), and the private auction
@@ -21,15 +22,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
-import numpy as np
 from dp_accounting import gaussian_mechanism
 from dp_accounting.pld import common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
-from numpy.typing import NDArray
+
+from dpmarket.protocol.privacy.composition import (
+    check_delta,
+    kairouz_theorem7,
+    paper_composition,
+)
 
 __all__ = [
     "AUCTION_VARIANTS",
@@ -39,8 +44,6 @@ __all__ = [
     "EventMeta",
     "MechanismEvent",
     "PrivacyLedger",
-    "kairouz_theorem7",
-    "paper_composition",
 ]
 
 MECHANISMS = ("laplace", "gaussian", "exponential", "auction", "approx_dp")
@@ -66,69 +69,9 @@ class EventMeta(TypedDict, total=False):
     paper_epsilon: float | None  # how the paper charges one occurrence; None: not counted
 
 
-def _check_delta(delta: float, name: str = "delta") -> None:
-    if not (isinstance(delta, int | float) and 0.0 < delta < 1.0):
-        raise ValueError(f"{name} must be in (0, 1), got {delta!r}")
-
-
 def _check_positive(value: float, name: str) -> None:
     if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a finite positive number, got {value!r}")
-
-
-def _as_arrays(
-    epsilons: Sequence[float], counts: Sequence[int]
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    eps = np.asarray(epsilons, dtype=np.float64)
-    cnt = np.asarray(counts, dtype=np.float64)
-    if eps.ndim != 1 or eps.shape != cnt.shape:
-        raise ValueError(
-            f"epsilons and counts must be 1-d of equal length, got {eps.shape}, {cnt.shape}"
-        )
-    if np.any(~np.isfinite(eps)) or np.any(eps < 0):
-        raise ValueError(f"epsilons must be finite and >= 0, got {epsilons!r}")
-    if np.any(cnt < 0) or np.any(cnt != np.round(cnt)):
-        raise ValueError(f"counts must be non-negative integers, got {counts!r}")
-    return eps, cnt
-
-
-def kairouz_theorem7(epsilons: Sequence[float], counts: Sequence[int], delta_tilde: float) -> float:
-    """Theorem 7 (Kairouz et al. 2017, quoted in Appendix D of Sarpatwar et al. 2019).
-
-    ``counts[l]`` mechanisms that are each ``(epsilons[l], delta_l)``-DP compose adaptively to
-    ``(eps, 1 - (1 - delta_tilde) prod (1 - delta_l))``-DP, with eps the minimum of
-    ``sum eps_l``, ``A + sqrt(2 S ln(1/delta_tilde))`` and
-    ``A + sqrt(2 S ln(e + sqrt(2 S)/delta_tilde))`` where ``S = sum eps_l^2`` and
-    ``A = sum eps_l (e^eps_l - 1)/(e^eps_l + 1)``. The third term follows the paper's print
-    (``sqrt(sum 2 eps_l^2)`` inside the log, a larger argument than Kairouz's own statement, so
-    still a valid, slightly looser bound). Requires ``0 < delta_tilde <= 1/e``.
-    """
-    if not (isinstance(delta_tilde, int | float) and 0.0 < delta_tilde <= math.exp(-1.0)):
-        raise ValueError(f"delta_tilde must be in (0, 1/e], got {delta_tilde!r}")
-    eps, cnt = _as_arrays(epsilons, counts)
-    total = float(np.sum(cnt * eps))
-    sum_sq = float(np.sum(cnt * eps**2))
-    if sum_sq == 0.0:
-        return 0.0
-    drift = float(np.sum(cnt * eps * np.tanh(eps / 2.0)))  # (e^x - 1)/(e^x + 1) = tanh(x/2)
-    second = drift + math.sqrt(2.0 * sum_sq * math.log(1.0 / delta_tilde))
-    third = drift + math.sqrt(
-        2.0 * sum_sq * math.log(math.e + math.sqrt(2.0 * sum_sq) / delta_tilde)
-    )
-    return min(total, second, third)
-
-
-def paper_composition(epsilons: Sequence[float], counts: Sequence[int], delta: float) -> float:
-    """The composition the paper's Section 4 figures were computed with.
-
-    ``sum_l eps_l (e^eps_l - 1) + sqrt(2 ln(1/delta) sum_l eps_l^2)`` over every occurrence
-    (Dwork-Rothblum-Vadhan advanced composition). With 1656 mechanisms at 0.01 and delta 0.01
-    it gives the paper's 1.40; with 5p mechanisms at ``0.01/sqrt(5p)`` and delta 1e-4, 0.043.
-    """
-    _check_delta(delta)
-    eps, cnt = _as_arrays(epsilons, counts)
-    drift = float(np.sum(cnt * eps * np.expm1(eps)))
-    return drift + math.sqrt(2.0 * math.log(1.0 / delta) * float(np.sum(cnt * eps**2)))
 
 
 @dataclass(frozen=True)
@@ -222,7 +165,7 @@ class MechanismEvent:
                 f"gaussian event {self.label!r} has no pure epsilon: "
                 "pass gaussian_delta or use the PLD accountant"
             )
-        _check_delta(gaussian_delta, "gaussian_delta")
+        check_delta(gaussian_delta, "gaussian_delta")
         eps = gaussian_mechanism.get_epsilon_gaussian(self.param("sigma") / s, gaussian_delta)
         return float(eps), gaussian_delta
 
@@ -363,7 +306,7 @@ class PrivacyLedger:
         number of Gaussian occurrences, so Gaussians take about half of the delta budget).
         ``"paper"``: :func:`paper_composition` of the events with a ``paper_epsilon``.
         """
-        _check_delta(delta)
+        check_delta(delta)
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if method == "paper":

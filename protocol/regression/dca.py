@@ -1,14 +1,13 @@
 """DP Bayesian linear regression whose sums go through the real DCA secure sum.
 
-:class:`DcaSum` is a :class:`~dpmarket.protocol.regression.model.NoisySum` that runs one round of
-the
-secure sum of :mod:`dpmarket.protocol.securesum.parties` (sealed shares over ``n_nodes`` compute
-nodes,
-discrete Gaussian noise per client of variance sigma_std^2 / (N - T - 1), Theorem 1) instead of
-simulating the distributed noise. Privacy per release: the Gaussian mechanism with sigma_std at
-the caller's L2 sensitivity (plus the grid's rounding), neighbouring = add/remove one client's
-record, against the aggregator and up to ``colluders`` clients; the regression records it in its
-ledger as one Gaussian event, as for the simulated DDP.
+:class:`DcaSum` is a :class:`~dpmarket.protocol.regression.sums.NoisySum` that runs one round
+of the secure sum of :mod:`dpmarket.protocol.securesum` (its client, compute node and aggregator
+parties; sealed shares over ``n_nodes`` compute nodes, discrete Gaussian noise per client of
+variance sigma_std^2 / (N - T - 1), Theorem 1) instead of simulating the distributed noise.
+Privacy per release: the Gaussian mechanism with sigma_std at the caller's L2 sensitivity (plus
+the grid's rounding), neighbouring = add/remove one client's record, against the aggregator and
+up to ``colluders`` clients; the regression records it in its ledger as one Gaussian event, as
+for the simulated DDP.
 """
 
 from __future__ import annotations
@@ -19,13 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
-from dpmarket.protocol.regression.model import (
-    F64,
-    BlrPosterior,
-    DistributedRegression,
-    RegressionConfig,
-    Rng,
-)
+from dpmarket.protocol.regression.fits import DistributedRegression
+from dpmarket.protocol.regression.model import F64, BlrPosterior, RegressionConfig, Rng
 from dpmarket.protocol.regression.sums import SumRelease, _check_contributions
 from dpmarket.protocol.securesum.driver import secure_sum
 

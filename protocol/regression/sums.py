@@ -6,7 +6,7 @@ calibrated to (eps, delta) and an L2 sensitivity under add/remove of one client'
 :class:`DistributedSum` (DDP: each client adds ``N(0, sigma_std^2 / (N - T - 1))``, Theorem 1;
 what the DCA secure sum releases). ``sigma_std`` comes from the classical or the analytic
 Gaussian mechanism (:func:`gaussian_sigma`). The contribution builders and sensitivities of the
-two rounds of Algorithm 2 live here too; protocol/regression/model.py fits the model from them.
+two rounds of Algorithm 2 live here too; protocol/regression/fits.py fits the model from them.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ mechanism the ledger charges (with N = T + 2 only the target's own noise is left
 audit). Broken: ``tolerance = 0`` while the colluders withhold (their noise counted but never
 added), or the round run at a larger epsilon than claimed.
 
-Sampling. ``reference`` runs the real protocol (:class:`~.securesum_driver.DcaSession`: X25519,
+Sampling. ``reference`` runs the real protocol (:class:`~.driver.DcaSession`: X25519,
 sealing, the codec, the compute nodes and the aggregator), one round per trial (a few ms each);
 ``sample`` draws the same released distribution vectorised through the same code: the real
 calibration (:meth:`DcaConfig.spec`, :meth:`DcaConfig.client_grid_sigma`), the real discrete

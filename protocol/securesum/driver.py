@@ -5,7 +5,7 @@ encoded and decoded with a per-recipient :class:`ReplayGuard`, exactly what woul
 boundaries. Faults are injected at the "network": ``absent`` clients' frames never arrive (a
 dropout), ``lost`` frames miss only some nodes. Colluders are simulated by the clients'
 ``behaviour`` (reveal or withhold their noise,
-:class:`~dpmarket.protocol.securesum.parties.Client`).
+:class:`~dpmarket.protocol.securesum.client.Client`).
 
 :func:`secure_sum` is the one-call form other protocol modules use (e.g. the DP regression):
 a fresh session over N clients' rows, one noisy round, the released sum and the bookkeeping.
@@ -23,16 +23,13 @@ import numpy.typing as npt
 
 from dpmarket.protocol.privacy.dgauss import client_sigma, gaussian_sigma
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.securesum.aggregator import Aggregator
+from dpmarket.protocol.securesum.client import Client
 from dpmarket.protocol.securesum.fixedpoint import choose_frac_bits, noise_tail_bound
-from dpmarket.protocol.securesum.parties import Aggregator, Client, ComputeNode
+from dpmarket.protocol.securesum.messages import SharesBody
+from dpmarket.protocol.securesum.node import ComputeNode
 from dpmarket.protocol.securesum.sealing import key_fingerprint
-from dpmarket.protocol.securesum.spec import (
-    REPLACE_ONE,
-    DcaConfig,
-    RoundResult,
-    RoundSpec,
-    SharesBody,
-)
+from dpmarket.protocol.securesum.spec import REPLACE_ONE, DcaConfig, RoundResult, RoundSpec
 from dpmarket.protocol.wire.codec import Message, ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.protocol.wire.parties import Party

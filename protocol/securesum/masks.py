@@ -32,7 +32,7 @@ pieces are disjoint, so no mask or frame key serves two rounds. A relay now sees
 frame per client and round instead of M. What changes is when a node learns that a client took
 part: a node k that is not client i's value node hears nothing from i and vouches only for
 having i's pair key (registration); the value node vouches for the frame (agreement in
-:mod:`.securesum_node`).
+:mod:`.node`).
 Cost: per pair and block one keystream call on each side (about 1.8 us for 8 KiB), amortised
 over B(d) rounds; per client and round one seal and one open.
 """
@@ -169,7 +169,7 @@ class ClientMasks:
 
     Masks and frame keys are fixed per (pair, round): a client must never contribute twice to
     one round with the same pair keys, or the value node learns the difference of the two
-    values. :class:`~dpmarket.protocol.securesum.parties.Client` refuses any round not after its
+    values. :class:`~dpmarket.protocol.securesum.client.Client` refuses any round not after its
     last
     one; a restarted client makes new key pairs, and nodes refuse a second registration, so it
     stays out of the session. Anything that would persist pair keys across a restart must

@@ -38,6 +38,16 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from dpmarket.protocol.securesum.fixedpoint import ring_sum
 from dpmarket.protocol.securesum.masks import NodeMasks, mask_cipher
+from dpmarket.protocol.securesum.messages import (
+    AbortBody,
+    OpenBody,
+    PartialBody,
+    RegisterBody,
+    SeenBody,
+    SharesBody,
+    pack_set,
+    unpack_set,
+)
 from dpmarket.protocol.securesum.sealing import (
     NONCE_BYTES,
     PUBLIC_KEY_BYTES,
@@ -51,20 +61,12 @@ from dpmarket.protocol.securesum.sealing import (
     pair_secret,
 )
 from dpmarket.protocol.securesum.spec import (
-    AbortBody,
     DcaConfig,
-    OpenBody,
-    PartialBody,
-    RegisterBody,
     RoundSpec,
-    SeenBody,
-    SharesBody,
     frame_aad,
-    pack_set,
     pair_salt,
     register_info,
     round_key_info,
-    unpack_set,
 )
 from dpmarket.protocol.wire.codec import Message
 from dpmarket.protocol.wire.errors import RemoteProtocolError

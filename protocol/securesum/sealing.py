@@ -17,7 +17,7 @@ compute node, with public-key cryptography only to agree on keys. Here:
   :func:`open_rows`); the client is named by the key, which only that (client, node) pair holds.
   A frame opened under another round's key, another pair's key, for another node or kind, or
   with any bit changed fails authentication; a relaying process sees only ciphertext.
-* **Seeds** (``shares = "sealed-seeds"``; the default derives them instead, :mod:`.dca_masks`).
+* **Seeds** (``shares = "sealed-seeds"``; the default derives them instead, :mod:`.masks`).
   Blinding shares r_{i,2..M} travel as 32-byte seeds drawn from ``secrets``; the
   compute node expands them with AES-256-CTR or ChaCha20 (:func:`expand_rows`). The keystream is
   taken from the AEAD primitives of ``cryptography`` encrypting zeros with a zero nonce (GCM's

@@ -1,4 +1,7 @@
-"""DCA secure sum (Heikkilä et al. 2017, Algorithm 1): configuration, round spec, wire bodies.
+"""DCA secure sum (Heikkilä et al. 2017, Algorithm 1): configuration, round spec, key derivation.
+
+The wire bodies are in :mod:`.messages`, the parties in :mod:`.client`, :mod:`.node` and
+:mod:`.aggregator`.
 
 Theory of operation
 -------------------
@@ -15,11 +18,10 @@ refuses a key registered under another client's name. What follows from the PRK
 depends on ``DcaConfig.shares``:
 
 * ``"derived"`` (default): one HKDF-Expand per pair gives the pair's mask key; blinding shares
-  and per-round frame keys are read from its AES-CTR block streams (:mod:`.dca_masks`).
+  and per-round frame keys are read from its AES-CTR block streams (:mod:`.masks`).
 * ``"sealed-seeds"``: the pair's AES-256 round keys come from HKDF-Expand, one block of rounds
   per call (:class:`~dpmarket.protocol.securesum.sealing.RoundKeyring`, :func:`round_key_info`),
-  and seeds
-  travel sealed.
+  and seeds travel sealed.
 
 Round r (many per session):
 
@@ -78,8 +80,9 @@ from dpmarket.protocol.securesum.fixedpoint import (
     grid_sensitivity,
     noise_tail_bound,
 )
+from dpmarket.protocol.securesum.messages import OpenBody
 from dpmarket.protocol.securesum.sealing import NONCE_BYTES, PRGS, TAG_BYTES, length_prefixed
-from dpmarket.protocol.wire.codec import MAX_ARRAY_BYTES, Body, register
+from dpmarket.protocol.wire.codec import MAX_ARRAY_BYTES
 
 __all__ = [
     "MAX_ROUND_D",
@@ -87,24 +90,15 @@ __all__ = [
     "REPLACE_ONE",
     "SHARE_MODES",
     "STATUSES",
-    "AbortBody",
     "DcaConfig",
-    "OpenBody",
-    "PartialBody",
-    "RegisterBody",
     "RoundResult",
     "RoundSpec",
-    "SeenBody",
-    "SharesBody",
     "frame_aad",
-    "pack_set",
     "pair_salt",
     "register_info",
     "round_key_info",
-    "unpack_set",
 ]
 
-Array = npt.NDArray[np.generic]
 F64 = npt.NDArray[np.float64]
 U64 = npt.NDArray[np.uint64]
 BoolArray = npt.NDArray[np.bool_]
@@ -118,89 +112,7 @@ MIN_CLIENT_GRID_SIGMA = 4.0  # per-client noise, in grid units, when noise is on
 _DOMAIN = "dpmarket/dca/v1"
 
 
-# ------------------------------------------------------------------------------ wire bodies
-@register("dca.register")
-@dataclass(frozen=True, slots=True)
-class RegisterBody(Body):
-    """Client party -> node: roster indices (uint32), raw X25519 public keys (uint8, n x 32) and
-    proofs (uint8, n x 32): HMAC under each pair's PRK of :func:`register_info` (only the
-    holder of the client's private key, or the node, can compute it). Optional on the wire
-    (added field); nodes refuse a registration without them."""
-
-    clients: Array
-    public_keys: Array
-    proofs: Array | None = None
-
-
-@register("dca.open")
-@dataclass(frozen=True, slots=True)
-class OpenBody(Body):
-    """Aggregator -> node: the envelope's round opens with this spec; close at ``deadline``."""
-
-    d: int
-    sigma_std: float
-    sensitivity: float
-    label: str
-    neighbouring: str
-    deadline: float
-
-
-@register("dca.shares")
-@dataclass(frozen=True, slots=True)
-class SharesBody(Body):
-    """Client party -> node: sealed frames, one row per client (roster indices as uint32).
-
-    ``value_frames`` rows seal a share vector (8 d bytes), ``seed_frames`` rows a 32-byte seed."""
-
-    value_clients: Array
-    value_frames: Array
-    seed_clients: Array
-    seed_frames: Array
-
-
-@register("dca.seen")
-@dataclass(frozen=True, slots=True)
-class SeenBody(Body):
-    """Node -> node: the clients whose frames this node accepted by its close (packed bits)."""
-
-    received: Array
-
-
-@register("dca.partial")
-@dataclass(frozen=True, slots=True)
-class PartialBody(Body):
-    """Node -> aggregator: the ring sum (uint64, d) of its shares over the agreed set."""
-
-    total: Array
-    included: Array
-
-
-@register("dca.abort")
-@dataclass(frozen=True, slots=True)
-class AbortBody(Body):
-    """Node -> aggregator: the round ends without a release (too few clients, peer missing)."""
-
-    reason: str
-    missing: int
-
-
-def pack_set(members: BoolArray) -> npt.NDArray[np.uint8]:
-    """A boolean membership vector as packed bits (big-endian bit order)."""
-    return np.packbits(np.asarray(members, dtype=np.bool_))
-
-
-def unpack_set(packed: object, n: int) -> BoolArray | None:
-    """Inverse of :func:`pack_set` for ``n`` members; None if the bytes cannot be such a set."""
-    if not isinstance(packed, np.ndarray) or packed.dtype != np.uint8 or packed.ndim != 1:
-        return None
-    if packed.size != (n + 7) // 8:
-        return None
-    bits = np.unpackbits(packed)
-    if bits[n:].any():  # padding bits must be zero
-        return None
-    return bits[:n].astype(np.bool_)
-
-
+# ------------------------------------------------------------------------------ key derivation
 def round_key_info(block: int) -> bytes:
     """HKDF-Expand ``info`` of the pairs' round keys of rounds B b + 1 .. B (b + 1).
 
@@ -404,7 +316,7 @@ class DcaConfig:
     def value_node(self, client_index: npt.NDArray[np.int64], round_: int) -> npt.NDArray[np.int64]:
         """Index of the node that receives each client's value share in ``round_``.
 
-        :mod:`.dca_masks` uses the same rule (it keeps a node's frame keys of its value clients
+        :mod:`.masks` uses the same rule (it keeps a node's frame keys of its value clients
         at i // M), so the two change together; the exact-sum tests would catch a mismatch."""
         return (client_index + round_) % self.n_nodes
 

@@ -31,15 +31,10 @@ import numpy.typing as npt
 from dpmarket.protocol.privacy.audit import AuditScenario
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.summary.auction import AuctionBid, run_auction
+from dpmarket.protocol.summary.channels import GaussianChannel, SummaryChannel, TreeChannel
 from dpmarket.protocol.summary.curator import CuratorParams
-from dpmarket.protocol.summary.hashing import RandomFourierFeatures
-from dpmarket.protocol.summary.releases import (
-    GaussianChannel,
-    SummaryChannel,
-    TreeChannel,
-    clip_rows,
-    release_validation,
-)
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures
+from dpmarket.protocol.summary.releases import clip_rows, release_validation
 
 __all__ = [
     "auction_scenario",

@@ -2,8 +2,8 @@
 
 See :mod:`dpmarket.protocol.summary.owner` for the theory of operation and both transition tables.
 
-The two broadcasts are made by the mechanisms of :mod:`dpmarket.protocol.summary.releases`, chosen
-by
+The two broadcasts are made by the mechanisms of :mod:`dpmarket.protocol.summary.releases`
+(g_tilde) and :mod:`dpmarket.protocol.summary.channels` (g_l), chosen by
 ``validation_release`` and ``summary_release`` (defaults: the paper's MWEM h2); each records the
 events it ran. With the defaults, the ledger charges as follows.
 
@@ -36,7 +36,9 @@ from dpmarket.protocol.summary.auction import (
     choose_winner,
     run_auction,
 )
-from dpmarket.protocol.summary.hashing import MwemHash, RandomFourierFeatures
+from dpmarket.protocol.summary.channels import make_summary_channel
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures
+from dpmarket.protocol.summary.h2 import MwemHash
 from dpmarket.protocol.summary.messages import (
     AskBody,
     BidBody,
@@ -48,7 +50,7 @@ from dpmarket.protocol.summary.messages import (
 )
 from dpmarket.protocol.summary.objective import hashed_bids
 from dpmarket.protocol.summary.params import CuratorParams
-from dpmarket.protocol.summary.releases import make_summary_channel, release_validation
+from dpmarket.protocol.summary.releases import release_validation
 from dpmarket.protocol.summary.selection import PoolEntry, PurchasedPool
 from dpmarket.protocol.summary.state import Provenance, SummaryResult, _Epoch
 from dpmarket.protocol.wire.codec import Message
@@ -168,9 +170,9 @@ class Curator:
             raise LocalProtocolError(f"start: curator already started (state {self.state})")
         p = self.params
         setup = self._setup_body()
-        # g_tilde and the summary channel (protocol/summary/releases.py; both record their events).
-        # The
-        # "mwem" channel warms h2 up on the public seed set here, free of privacy cost.
+        # g_tilde and the summary channel (protocol/summary/releases.py, channels.py; both record
+        # their events). The "mwem" channel warms h2 up on the public seed set here, free of
+        # privacy cost.
         g_validation = release_validation(
             self._H_validation, p, self.ledgers["validation"], self._rng
         )
@@ -494,9 +496,9 @@ class Curator:
         self.provenance.append(Provenance(entry.owner, entry.token, entry.epoch, entry.bid, gain))
 
     def _release_summary(self) -> F64:
-        """g_l for the next epoch by ``params.summary_release`` (protocol/summary/releases.py):
-        every
-        event the channel ran is charged to every owner's ledger (per point of the summary)."""
+        """g_l for the next epoch by ``params.summary_release`` (protocol/summary/channels.py):
+        every event the channel ran is charged to every owner's ledger (per point of the
+        summary)."""
         if getattr(self, "_summary_channel", None) is None:  # restored from a journal, no start()
             self._summary_channel = make_summary_channel(
                 self.params, self.h1, self._h2, self._H_seed, self._g_validation, self._rng,

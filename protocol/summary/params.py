@@ -1,10 +1,10 @@
-"""Public parameters of one summarisation run (:class:`CuratorParams`).
+"""Public parameters of one summarisation run (:class:`CuratorParams`) and the names they accept.
 
 Everything here is public: it is sent to owners (the h1 parameters, tau, max_deliveries), written
 into report.json and journaled. Defaults are the paper's Table 1 where it has one; the release
-mechanisms of protocol/summary/releases.py are selected by name. Validation happens at
-construction, and
-an invalid field is named in the error.
+mechanisms of protocol/summary/releases.py (g_tilde) and protocol/summary/channels.py (g_l) are
+selected by name, from the tuples below. Validation happens at construction, and an invalid
+field is named in the error.
 """
 
 from __future__ import annotations
@@ -14,14 +14,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpmarket.protocol.summary.releases import (
-    CANDIDATE_DISTRIBUTIONS,
-    SUMMARY_RELEASES,
-    VALIDATION_RELEASES,
-)
 from dpmarket.protocol.summary.selection import FINAL_SELECTIONS
 
-__all__ = ["CuratorParams"]
+__all__ = [
+    "CANDIDATE_DISTRIBUTIONS",
+    "SUMMARY_RELEASES",
+    "VALIDATION_RELEASES",
+    "CuratorParams",
+]
+
+VALIDATION_RELEASES = ("mwem", "gaussian")
+SUMMARY_RELEASES = ("mwem", "gaussian", "tree", "herding")
+CANDIDATE_DISTRIBUTIONS = ("gaussian", "uniform")
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,8 @@ class CuratorParams:
     max_deliveries: int = 3
     max_lost: int | None = None
     known_colluders: int = 0
-    # Release mechanisms (protocol/summary/releases.py); the defaults are the paper's MWEM h2.
+    # Release mechanisms (protocol/summary/releases.py and channels.py); the defaults are the
+    # paper's MWEM h2.
     validation_release: str = "mwem"  # "mwem" | "gaussian"
     summary_release: str = "mwem"  # "mwem" | "gaussian" | "tree" | "herding"
     validation_sigma: float = 1.0  # Gaussian noise multiplier of g_tilde (sigma / Delta)

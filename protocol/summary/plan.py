@@ -1,13 +1,12 @@
-"""Planning the release mechanisms of protocol/summary/releases.py at a privacy budget.
+"""Planning the release mechanisms (protocol/summary/releases.py, channels.py) at a privacy budget.
 
 :func:`plan_releases` splits (eps_owner, eps_validation) at delta between the mechanisms that
 run: the validation set's whole budget goes to its one Gaussian release; the owners' budget to
 the auction and the summary releases, with noise multipliers solved numerically with the same
 PLD ledger that later reports the run, so the reported epsilon cannot exceed the plan.
 :func:`dimension_rule` picks d from m and the validation noise. With ``select`` the plan adds
-exploration epochs and the curator's exact final selection (protocol/summary/selection.py): neither
-is
-an event in any ledger, so the split is unchanged.
+exploration epochs and the curator's exact final selection (protocol/summary/selection.py):
+neither is an event in any ledger, so the split is unchanged.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
-from dpmarket.protocol.summary.releases import SUMMARY_RELEASES
+from dpmarket.protocol.summary.params import SUMMARY_RELEASES
 
 __all__ = [
     "EXPLORE_SHARE",

@@ -33,9 +33,10 @@ Evolution rules (as dp_accounting's event schema)
    decoder fills it back in; so a newer sender that does not use a field added later (rule 2)
    still speaks to an older receiver.
 
-Bodies are registered by the modules of the parties that exchange them: :mod:`.summary_messages`
-(summarisation), :mod:`.dca_spec` (secure sum), ``streams/race_wire`` (RACE sketches). The value
-limits and checks are in :mod:`.wire_checks`.
+Bodies are registered by the modules of the parties that exchange them:
+:mod:`dpmarket.protocol.summary.messages` (summarisation),
+:mod:`dpmarket.protocol.securesum.messages` (secure sum), ``streams/race/wire.py`` (RACE
+sketches). The value limits and checks are in :mod:`.checks`.
 """
 
 from __future__ import annotations

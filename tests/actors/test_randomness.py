@@ -20,7 +20,7 @@ import pytest
 from dpmarket.actors.config import ConfigError, MarketConfig, load_market_config
 from dpmarket.actors.randomness import NoiseSource, public_generator
 from dpmarket.protocol.summary.curator import Curator
-from dpmarket.protocol.summary.hashing import RandomFourierFeatures
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.messages import SetupBody, ValidationBody
 from dpmarket.protocol.summary.releases import clip_rows
 from dpmarket.protocol.wire.codec import decode, encode
@@ -145,7 +145,7 @@ _GLOBAL_STATE = {
 # public randomness in the sans-I/O layers: (module, enclosing function) that may seed a
 # generator from a public value. Everything else takes its generator as an argument.
 _PUBLIC_DRAWS = {
-    ("protocol/summary/hashing.py", "__init__"),  # RandomFourierFeatures: h1's public features
+    ("protocol/summary/h1.py", "__init__"),  # RandomFourierFeatures: h1's public features
     ("protocol/summary/selection.py", "exploration_generator"),
     ("protocol/summary/releases.py", "public_candidates"),
     ("protocol/summary/audit.py", "_hashed_pair"),  # the audit's fixed public data set

@@ -12,7 +12,7 @@ from dpmarket.actors.faults import fault_verdicts
 from dpmarket.actors.refresh import PoolRefresher
 from dpmarket.actors.runner import owner_groups
 from dpmarket.actors.transport import FaultPlan
-from dpmarket.protocol.securesum.parties import RoundResult
+from dpmarket.protocol.securesum.spec import RoundResult
 
 NAMES = [f"owner-{i}" for i in range(1, 8)]
 

@@ -19,7 +19,7 @@ from dpmarket.actors.commands.main import main
 from dpmarket.actors.config import MarketConfig, load_market_config
 from dpmarket.actors.market import make_market_scenario
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.protocol.summary.hashing import RandomFourierFeatures
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.releases import clip_rows
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

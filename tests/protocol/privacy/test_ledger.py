@@ -12,12 +12,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from dpmarket.protocol.privacy.ledger import (
-    MechanismEvent,
-    PrivacyLedger,
-    kairouz_theorem7,
-    paper_composition,
-)
+from dpmarket.protocol.privacy.composition import kairouz_theorem7, paper_composition
+from dpmarket.protocol.privacy.ledger import MechanismEvent, PrivacyLedger
 
 T_INIT = 1656  # Table 1: d^1.5 with d = 140
 EPS_V = 0.01

@@ -7,7 +7,9 @@ import pytest
 
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.regression.dca import DcaSum, fit_dca
-from dpmarket.protocol.regression.model import DistributedSum, RegressionConfig, fit_nonprivate
+from dpmarket.protocol.regression.fits import fit_nonprivate
+from dpmarket.protocol.regression.model import RegressionConfig
+from dpmarket.protocol.regression.sums import DistributedSum
 
 
 def _data(n: int = 120, d: int = 3) -> tuple[np.ndarray, np.ndarray]:

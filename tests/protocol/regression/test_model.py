@@ -1,4 +1,5 @@
-"""Tests for DP Bayesian linear regression with projection (dpmarket.protocol.regression.model).
+"""Tests for DP Bayesian linear regression with projection (dpmarket.protocol.regression.model,
+fits and sums).
 
 Reference: Heikkilä et al. (2017), Algorithm 2, Theorem 1, supplement Section 10. Statistical
 tests use margins of >= 5 standard errors and would fail with a noise scale off by a factor 2.
@@ -16,21 +17,22 @@ from dp_accounting import gaussian_mechanism
 from numpy.typing import NDArray
 
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
-from dpmarket.protocol.regression.model import (
-    LOCAL,
+from dpmarket.protocol.regression.fits import (
     METHODS,
     DistributedRegression,
-    DistributedSum,
-    RegressionConfig,
-    SumRelease,
-    TrustedAggregatorSum,
-    blr_posterior,
     fit,
     fit_nonprivate,
+    projection_thresholds,
+)
+from dpmarket.protocol.regression.model import RegressionConfig, blr_posterior
+from dpmarket.protocol.regression.sums import (
+    LOCAL,
+    DistributedSum,
+    SumRelease,
+    TrustedAggregatorSum,
     gaussian_sigma,
     moment_contributions,
     moment_sensitivity,
-    projection_thresholds,
     statistics_contributions,
     statistics_sensitivity,
     unpack_statistics,

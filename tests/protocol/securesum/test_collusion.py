@@ -19,10 +19,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from dpmarket.protocol.securesum.client import Client
 from dpmarket.protocol.securesum.driver import DcaSession, RoundOutcome
 from dpmarket.protocol.securesum.fixedpoint import to_signed
-from dpmarket.protocol.securesum.parties import Client, DcaConfig
-from dpmarket.protocol.securesum.spec import RoundSpec
+from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.wire.errors import LocalProtocolError
 from tests.small import small_curator, small_params, small_scenario
 

@@ -12,15 +12,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dpmarket.protocol.securesum.parties import (
-    Aggregator,
-    Client,
-    ComputeNode,
-    DcaConfig,
-    NodeKeyMismatch,
-)
+from dpmarket.protocol.securesum.aggregator import Aggregator
+from dpmarket.protocol.securesum.client import Client, NodeKeyMismatch
+from dpmarket.protocol.securesum.messages import RegisterBody
+from dpmarket.protocol.securesum.node import ComputeNode
 from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
-from dpmarket.protocol.securesum.spec import RegisterBody, RoundSpec
+from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.wire.codec import Message, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 

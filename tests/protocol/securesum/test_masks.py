@@ -11,6 +11,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
 
+from dpmarket.protocol.securesum.aggregator import Aggregator
+from dpmarket.protocol.securesum.client import Client
 from dpmarket.protocol.securesum.driver import DcaSession
 from dpmarket.protocol.securesum.fixedpoint import ring_sum
 from dpmarket.protocol.securesum.masks import (
@@ -25,9 +27,10 @@ from dpmarket.protocol.securesum.masks import (
     mask_cipher,
     mask_key_info,
 )
-from dpmarket.protocol.securesum.parties import Aggregator, Client, ComputeNode, DcaConfig
+from dpmarket.protocol.securesum.messages import SharesBody
+from dpmarket.protocol.securesum.node import ComputeNode
 from dpmarket.protocol.securesum.sealing import PairKey
-from dpmarket.protocol.securesum.spec import RoundSpec, SharesBody
+from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.wire.codec import Message, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 

@@ -16,8 +16,7 @@ import pytest
 from dpmarket.protocol.privacy.dgauss import analytic_sigma, classical_sigma
 from dpmarket.protocol.securesum.driver import DcaSession, RoundOutcome
 from dpmarket.protocol.securesum.fixedpoint import grid_sensitivity, to_signed
-from dpmarket.protocol.securesum.parties import DcaConfig
-from dpmarket.protocol.securesum.spec import REPLACE_ONE, RoundSpec
+from dpmarket.protocol.securesum.spec import REPLACE_ONE, DcaConfig, RoundSpec
 
 D = 4000
 SE = math.sqrt(2.0 / D)

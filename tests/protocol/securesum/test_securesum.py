@@ -8,21 +8,21 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dpmarket.protocol.securesum.aggregator import Aggregator
+from dpmarket.protocol.securesum.client import Client
 from dpmarket.protocol.securesum.driver import DcaSession, secure_sum
 from dpmarket.protocol.securesum.fixedpoint import ring_sum, to_signed
-from dpmarket.protocol.securesum.parties import Aggregator, Client, ComputeNode, DcaConfig
-from dpmarket.protocol.securesum.sealing import ROUND_KEY_BLOCK
-from dpmarket.protocol.securesum.spec import (
-    MAX_ROUND_D,
-    SHARE_MODES,
+from dpmarket.protocol.securesum.messages import (
     OpenBody,
     PartialBody,
     RegisterBody,
-    RoundSpec,
     SeenBody,
     SharesBody,
     pack_set,
 )
+from dpmarket.protocol.securesum.node import ComputeNode
+from dpmarket.protocol.securesum.sealing import ROUND_KEY_BLOCK
+from dpmarket.protocol.securesum.spec import MAX_ROUND_D, SHARE_MODES, DcaConfig, RoundSpec
 from dpmarket.protocol.wire.codec import Message, ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import LocalProtocolError, RemoteProtocolError
 

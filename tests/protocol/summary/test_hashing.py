@@ -1,5 +1,5 @@
-"""Tests for h1 (random Fourier features), quantisation and h2 (MWEM) in
-protocol/summary/hashing.py."""
+"""Tests for h1 (random Fourier features, protocol/summary/h1.py), quantisation and h2 (MWEM,
+protocol/summary/h2.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,13 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from dpmarket.protocol.summary.hashing import (
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures, rahimi_recht_bound, rbf_kernel
+from dpmarket.protocol.summary.h2 import (
     H2Release,
     MwemHash,
-    RandomFourierFeatures,
     mwem_marginal_means,
     quantization_grid,
     quantize,
-    rahimi_recht_bound,
-    rbf_kernel,
 )
 
 

@@ -1,5 +1,5 @@
-"""Release mechanisms (protocol/summary/releases.py): noise scales, tree aggregation, herding,
-ledger.
+"""Release mechanisms (protocol/summary/releases.py, channels.py): noise scales, tree
+aggregation, herding, ledger.
 
 Statistical checks estimate a noise variance from >= 8,000 independent draws, so a variance
 ratio has standard error <= sqrt(2/8000) = 1.6%; windows are 5 standard errors wide, far
@@ -17,19 +17,18 @@ from dp_accounting import gaussian_mechanism
 
 from dpmarket.actors.runner import run_inprocess
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, REPLACE_ONE_RECORD, PrivacyLedger
-from dpmarket.protocol.summary.curator import CuratorParams
-from dpmarket.protocol.summary.hashing import MwemHash, RandomFourierFeatures
-from dpmarket.protocol.summary.objective import greedy_hashed, hashed_bids
-from dpmarket.protocol.summary.plan import dimension_rule, gaussian_noise_multiplier, plan_releases
-from dpmarket.protocol.summary.releases import (
+from dpmarket.protocol.summary.channels import (
     GaussianChannel,
     HerdingChannel,
     TreeAggregator,
     TreeChannel,
-    clip_rows,
-    public_candidates,
-    release_validation,
 )
+from dpmarket.protocol.summary.curator import CuratorParams
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures
+from dpmarket.protocol.summary.h2 import MwemHash
+from dpmarket.protocol.summary.objective import greedy_hashed, hashed_bids
+from dpmarket.protocol.summary.plan import dimension_rule, gaussian_noise_multiplier, plan_releases
+from dpmarket.protocol.summary.releases import clip_rows, public_candidates, release_validation
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
 DELTA = 1e-5

@@ -10,7 +10,7 @@ import pytest
 from dpmarket.actors.runner import run_inprocess
 from dpmarket.actors.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.summary.curator import Curator, CuratorParams
-from dpmarket.protocol.summary.hashing import RandomFourierFeatures
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.messages import (
     AskBody,
     BidBody,
