@@ -231,6 +231,11 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
             f"{name}: [run].noise_seed: only meaningful with reproducible_noise = true "
             "(the default draws noise from OS entropy)"
         )
+    if source == "files" and data.get("summary", {}).get("neighbouring") == "add_remove":
+        raise ConfigError(
+            f"{name}: [summary].neighbouring: 'add_remove' refused with [data].source = 'files' "
+            "(m and q are published, so it would under-charge the releases of private data)"
+        )
     _check_data(name, source, data.get("data", {}), owners, Path(path).parent)
     config = MarketConfig(
         source=source,

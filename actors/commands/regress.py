@@ -31,6 +31,10 @@ def _load(name: str) -> tuple[np.ndarray, np.ndarray]:
         from sklearn.datasets import load_diabetes
 
         x, y = load_diabetes(return_X_y=True)
+        # public preprocessing of a public data set (as in the paper): each column to a range
+        # of 10, centred
+        x = (x - x.mean(axis=0)) / np.maximum(np.ptp(x, axis=0), 1e-12) * 10
+        y = (y - y.mean()) / max(float(np.ptp(y)), 1e-12) * 10
     else:
         try:
             raw = np.loadtxt(name, delimiter=",", ndmin=2)
@@ -38,10 +42,12 @@ def _load(name: str) -> tuple[np.ndarray, np.ndarray]:
             raise ConfigError(f"--data {name}: cannot read a numeric CSV ({exc})") from None
         if raw.shape[1] < 2:
             raise ConfigError(f"--data {name}: need feature columns and a last target column")
+        # private records: no statistic of the data may shape them (a mean or range computed
+        # from every record would let one record move all the others); the fit clips each
+        # record to the public --feature-bound / --target-bound instead
         x, y = raw[:, :-1], raw[:, -1]
-    # scale each column to a range of 10 and centre (public preprocessing, as in the paper)
-    x = (x - x.mean(axis=0)) / np.maximum(np.ptp(x, axis=0), 1e-12) * 10
-    y = (y - y.mean()) / max(float(np.ptp(y)), 1e-12) * 10
+        if not (np.isfinite(x).all() and np.isfinite(y).all()):
+            raise ConfigError(f"--data {name}: non-finite values")
     return x, y
 
 
@@ -63,7 +69,9 @@ def _regress(args: argparse.Namespace) -> int:
     rng = noise.generator("regress")
     cut = int(len(x) * (1 - args.test_fraction))
     train, test = order[:cut], order[cut:]
-    cfg = RegressionConfig()
+    if not (args.feature_bound > 0 and args.target_bound > 0):
+        raise ConfigError("--feature-bound and --target-bound must be > 0")
+    cfg = RegressionConfig(feature_bound=args.feature_bound, target_bound=args.target_bound)
     ledger = PrivacyLedger("clients")
     post = fit_dca(
         x[train],
@@ -112,6 +120,18 @@ def add_regress_parser(sub: Any) -> None:
     cmd.add_argument("--no-projection", action="store_true")
     cmd.add_argument("--test-fraction", type=float, default=0.2)
     cmd.add_argument("--seed", type=int, default=0, help="the public train/test split's seed")
+    cmd.add_argument(
+        "--feature-bound",
+        type=float,
+        default=RegressionConfig().feature_bound,
+        help="public clip bound of every feature (records are clipped to it, never rescaled)",
+    )
+    cmd.add_argument(
+        "--target-bound",
+        type=float,
+        default=RegressionConfig().target_bound,
+        help="public clip bound of the target",
+    )
     cmd.add_argument(
         "--reproducible-noise",
         action="store_true",

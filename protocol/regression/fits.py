@@ -38,13 +38,14 @@ with the assumed bounds.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.privacy.ledger import ADD_REMOVE, REPLACE_ONE_RECORD, PrivacyLedger
 from dpmarket.protocol.regression.model import (
     F64,
     BlrPosterior,
@@ -103,7 +104,12 @@ class DistributedRegression:
     def _release(
         self, z: F64, sens: float, budget: tuple[float, float], rng: Rng, label: str
     ) -> SumRelease:
-        release = self.noisy_sum(z, sens, budget[0], budget[1], rng)
+        # the builders' sensitivities are add/remove bounds; N is public: replace-one doubles them
+        replace = self.config.neighbouring == "replace"
+        release = self.noisy_sum(z, 2.0 * sens if replace else sens, budget[0], budget[1], rng)
+        release = dataclasses.replace(
+            release, neighbouring=REPLACE_ONE_RECORD if replace else ADD_REMOVE
+        )
         if self.ledger is not None:
             release.record(self.ledger, label)
         return release

@@ -96,8 +96,17 @@ class RegressionConfig:
     grid: tuple[float, ...] = field(default=tuple(np.linspace(0.1, 2.1, 20).tolist()))
     grid_repeats: int = 10
     calibration: str = "analytic"
+    # The clients' roster (N) is public in the secure sum, so neighbouring data sets have the
+    # same N and differ in one client's record: replace-one, every sum's L2 sensitivity twice
+    # the add/remove bound. "add_remove" reproduces the paper's accounting (an under-count
+    # when N is published).
+    neighbouring: str = "replace"
 
     def __post_init__(self) -> None:
+        if self.neighbouring not in ("replace", "add_remove"):
+            raise ValueError(
+                f"neighbouring must be replace or add_remove, got {self.neighbouring!r}"
+            )
         for name in ("feature_bound", "target_bound", "prior_precision", "noise_precision"):
             _positive(getattr(self, name), name)
         _positive(self.std_floor, "std_floor")

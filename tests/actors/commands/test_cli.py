@@ -161,3 +161,40 @@ def test_sketch_build_merge_release_query(
     )
     assert main(["sketch", "merge", merged, other, "--out", str(tmp_path / "x.race")]) == 2
     assert "width" in capsys.readouterr().err
+
+
+def test_regress_never_rescales_private_records_and_charges_replace_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's CSV is private: no mean or range of the data may shape the records (one outlier
+    would move every other record); records are clipped to public bounds in the fit."""
+    from dpmarket.actors.commands.regress import _load
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 3))
+    y = x @ np.array([1.0, -2.0, 0.5]) + rng.normal(0, 0.1, 300)
+    data = np.column_stack([x, y])
+    data[0, 0] = 1e6  # an outlier must not rescale the others
+    path = tmp_path / "clients.csv"
+    np.savetxt(path, data, delimiter=",")
+    loaded_x, loaded_y = _load(str(path))
+    np.testing.assert_allclose(loaded_x, data[:, :3])
+    np.testing.assert_allclose(loaded_y, data[:, 3])
+    assert main(["regress", "--data", str(path), "--eps", "2", "--json"]) == 0
+    assert main(["regress", "--data", str(path), "--reproducible-noise"]) == 2
+    assert "refused" in capsys.readouterr().err
+
+
+def test_add_remove_accounting_is_refused_for_private_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "v.csv").write_text("0.5,0.5\n")
+    config = tmp_path / "files.toml"
+    config.write_text(
+        "[market]\nowners = 2\ntolerance = 0\n[data]\nsource = 'files'\nfeatures = 2\n"
+        "lower = 0.0\nupper = 1.0\nvalidation = 'v.csv'\nseed_set = 'v.csv'\n"
+        "[data.files]\n'owner-1' = ['v.csv']\n'owner-2' = ['v.csv']\n"
+        "[summary]\nneighbouring = 'add_remove'\n"
+    )
+    assert main(["validate", str(config)]) == 2
+    assert "[summary].neighbouring: 'add_remove' refused" in capsys.readouterr().err

@@ -16,7 +16,7 @@ import pytest
 from dp_accounting import gaussian_mechanism
 from numpy.typing import NDArray
 
-from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.privacy.ledger import ADD_REMOVE, REPLACE_ONE_RECORD, PrivacyLedger
 from dpmarket.protocol.regression.fits import (
     METHODS,
     DistributedRegression,
@@ -198,10 +198,11 @@ def test_fit_releases_rows_within_the_sensitivity_it_declares() -> None:
         x, y, 1.0, DELTA, np.random.default_rng(0), (0.5, 0.5)
     )
     (moments, sens_1, _), (stats, sens_2, _) = recording.calls
-    assert sens_1 == pytest.approx(moment_sensitivity(2.0, 3.0, 4, 9.0))
-    assert sens_2 < statistics_sensitivity(2.0, 3.0, 4)  # projected bounds are tighter
+    # replace-one (N public): the declared sensitivity is twice the per-row bound
+    assert sens_1 == pytest.approx(2 * moment_sensitivity(2.0, 3.0, 4, 9.0))
+    assert sens_2 < 2 * statistics_sensitivity(2.0, 3.0, 4)  # projected bounds are tighter
     for rows, sens in ((moments, sens_1), (stats, sens_2)):
-        assert np.linalg.norm(rows, axis=1).max() <= sens * (1 + 1e-12)
+        assert np.linalg.norm(rows, axis=1).max() <= sens / 2 * (1 + 1e-12)
 
 
 # --- calibration and noise scale ---------------------------------------------------------------
@@ -250,7 +251,7 @@ def test_noise_scale_of_the_statistics_matches_sigma() -> None:
         run.fit_statistics(x, y, 0.8, DELTA, np.random.default_rng(seed))
     exact = statistics_contributions(np.clip(x, -7.5, 7.5), np.clip(y, -7.5, 7.5)).sum(axis=0)
     residuals = np.concatenate([r.value - exact for _, _, r in recording.calls])
-    expected = gaussian_sigma(statistics_sensitivity(7.5, 7.5, 6), 0.8, DELTA)
+    expected = gaussian_sigma(2 * statistics_sensitivity(7.5, 7.5, 6), 0.8, DELTA)
     # 40 x 27 = 1080 draws: relative SE of the std about 2.2%; margin 12%
     assert float(np.std(residuals)) == pytest.approx(expected, rel=0.12)
 
@@ -293,7 +294,7 @@ def test_grid_search_picks_wider_thresholds_at_larger_eps() -> None:
 
 def test_ledger_records_one_event_per_round() -> None:
     x, y = _data(300, 3, seed=9)
-    sens = statistics_sensitivity(7.5, 7.5, 3)
+    sens = 2 * statistics_sensitivity(7.5, 7.5, 3)  # replace-one: N is public
     for method, rounds in (("NP", 0), ("TA", 1), ("DDP", 1), ("TA-proj", 2), ("DDP-proj", 2)):
         ledger = PrivacyLedger("clients")
         fit(method, x, y, 1.0, DELTA, np.random.default_rng(0), ledger=ledger, thresholds=(1, 1))
@@ -394,3 +395,23 @@ def test_bad_arguments_raise_value_error(call: object, match: str) -> None:
 
 def _rng() -> np.random.Generator:
     return np.random.default_rng(0)
+
+
+def test_replace_one_is_the_default_and_add_remove_halves_the_sensitivity() -> None:
+    """N (the secure sum's roster) is public: the default charges replace-one, twice the
+    add/remove bound, and every event says so."""
+    x, y = np.random.default_rng(3).normal(size=(200, 3)), np.random.default_rng(4).normal(size=200)
+    charged = {}
+    for relation in ("replace", "add_remove"):
+        ledger = PrivacyLedger("clients")
+        config = RegressionConfig(neighbouring=relation)
+        DistributedRegression(TrustedAggregatorSum(), config, ledger).fit_statistics(
+            x, y, 1.0, DELTA, np.random.default_rng(0)
+        )
+        (event,) = ledger.events
+        charged[relation] = event
+    assert charged["replace"].sensitivity == pytest.approx(2 * charged["add_remove"].sensitivity)
+    assert charged["replace"].neighbouring == REPLACE_ONE_RECORD
+    assert charged["add_remove"].neighbouring == ADD_REMOVE
+    with pytest.raises(ValueError, match="neighbouring"):
+        RegressionConfig(neighbouring="swap")
