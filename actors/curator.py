@@ -181,7 +181,9 @@ class CuratorActor:
         self._pool_bytes = 0  # where the last good append ended
         if snapshot is not None:
             rows = read_pool_rows(pool_file(self._journal)) if self._journal else None
-            rng = noise.generator("curator")  # fresh noise for the releases still to come
+            # fresh noise for the releases still to come (a reproducible simulation labels the
+            # stream by where it resumes, so it never replays the noise of earlier releases)
+            rng = noise.generator(f"curator:resume:{snapshot.get('seq', 0)}")
             self._curator = restore_curator(snapshot, validation, seed_set, rows, rng=rng)
             if self._journal is not None:  # drop rows bought after the snapshot was written
                 path = pool_file(self._journal)
