@@ -62,6 +62,7 @@ _MARKET_SECTIONS = {
         "lower",
         "upper",
         "policy",
+        "header",
         "validation",
         "seed_set",
         "files",

@@ -13,20 +13,31 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from dpmarket.actors.config import ConfigError, MarketConfig
 from dpmarket.actors.runner import OwnerInputs
-from dpmarket.streams.records.files import RecordBatch, Schema, SchemaError, iter_records
+from dpmarket.streams.records.files import (
+    CsvDecoder,
+    RecordBatch,
+    RejectsWriter,
+    Schema,
+    SchemaError,
+    format_of,
+    iter_records,
+)
 from dpmarket.streams.synthetic import Scenario, median_heuristic_gamma
 
 __all__ = [
+    "FileInputs",
     "StreamWriter",
     "file_inputs",
+    "follow_ingest",
     "schema_of",
     "stream_files",
     "wait_for_ingest",
@@ -53,27 +64,57 @@ def schema_of(config: MarketConfig, n_features: int | None = None) -> Schema:
         raise ConfigError(f"{config.path}: [data]: {exc}") from None
 
 
-def _read_all(path: Path, schema: Schema) -> tuple[F64, F64 | None]:
-    batches = list(iter_records(path, schema))
+def csv_decoder(path: str | Path, schema: Schema, header: bool) -> CsvDecoder | None:
+    """The decoder of a CSV file whose first line is a header (``None``: by the suffix)."""
+    return CsvDecoder(schema, header=True) if header and format_of(path) == "csv" else None
+
+
+def _read_all(
+    path: Path, schema: Schema, header: bool, rejects_dir: Path
+) -> tuple[F64, F64 | None, int]:
+    """All records of a consumer's file; its rejects go to ``rejects_dir/rejects.jsonl``."""
+    rejects_dir.mkdir(parents=True, exist_ok=True)
+    with RejectsWriter(rejects_dir / "rejects.jsonl") as writer:
+        decoder = csv_decoder(path, schema, header)
+        batches = list(iter_records(path, schema, decoder=decoder, rejects=writer))
     batch = RecordBatch.concat(batches, schema) if batches else RecordBatch.empty(schema)
     if len(batch) == 0:
         raise ConfigError(f"{path}: no valid records")
     labels = None if batch.labels is None else np.asarray(batch.labels, dtype=np.float64)
-    return np.asarray(batch.features, dtype=np.float64), labels
+    return np.asarray(batch.features, dtype=np.float64), labels, len(batch.rejects)
 
 
-def file_inputs(config: MarketConfig) -> tuple[OwnerInputs, Schema, dict[str, list[str]], float]:
-    """Owners start empty and ingest their files; the curator's sets are read here."""
+class FileInputs(NamedTuple):
+    """A files market's start: owners (empty until they ingest), schema, each owner's paths,
+    the kernel width, which files have a header line, and the consumer's files' reject counts."""
+
+    owners: OwnerInputs
+    schema: Schema
+    files: dict[str, list[str]]
+    gamma: float
+    headers: dict[str, bool]
+    rejects: dict[str, int]
+
+
+def file_inputs(config: MarketConfig, headers: dict[str, bool], rejects_dir: Path) -> FileInputs:
+    """Owners start empty and ingest their files; the curator's sets are read here, their bad
+    lines written to ``rejects_dir/validation`` and ``rejects_dir/seed_set``."""
     base = Path(config.path).parent
     schema = schema_of(config)
-    validation, _ = _read_all(base / config.data["validation"], schema)
-    seed_set, _ = _read_all(base / config.data["seed_set"], schema)
+    sets: dict[str, F64] = {}
+    rejects: dict[str, int] = {}
+    for key in ("validation", "seed_set"):
+        path = base / config.data[key]
+        sets[key], _, rejects[key] = _read_all(
+            path, schema, headers.get(str(path), False), rejects_dir / key
+        )
     files = {o: [str(base / p) for p in ps] for o, ps in config.data["files"].items()}
-    gamma = float(config.data.get("gamma", median_heuristic_gamma(seed_set)))
+    gamma = float(config.data.get("gamma", median_heuristic_gamma(sets["seed_set"])))
     owners: dict[str, tuple[F64 | int, F64 | None]] = {
         o: (schema.n_features, None) for o in config.owner_names
     }
-    return OwnerInputs(owners, validation, seed_set), schema, files, gamma
+    inputs = OwnerInputs(owners, sets["validation"], sets["seed_set"])
+    return FileInputs(inputs, schema, files, gamma, headers, rejects)
 
 
 def write_csv(path: Path, X: F64, y: F64, mode: str = "w") -> None:
@@ -133,16 +174,41 @@ def wait_for_ingest(owners: dict[str, Any], timeout: float = 600.0) -> dict[str,
     """Block until every owner has read its files to their current end; show progress."""
     import ray
 
-    start = time.monotonic()
+    def poll() -> dict[str, Any]:
+        replies = ray.get([h.ingest_status.remote(o) for o, h in owners.items()])
+        return dict(zip(owners, replies, strict=True))
+
+    return follow_ingest(poll, timeout)
+
+
+def follow_ingest(
+    poll: Callable[[], dict[str, Any]],
+    timeout: float = 600.0,
+    grace: float = 2.0,
+    clock: Callable[[], float] = time.monotonic,
+    pause: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Poll owners' ingest status until all caught up. Gives up with a :class:`ConfigError`
+    naming the owner when one of its tailers failed (an unreadable file) or one of its files has
+    been missing for ``grace`` seconds (longer than a rotation leaves the path empty)."""
+    start = clock()
+    missing_since: dict[tuple[str, str], float] = {}
     while True:
-        status = dict(
-            zip(
-                owners, ray.get([h.ingest_status.remote(o) for o, h in owners.items()]), strict=True
-            )
-        )
-        failed = {o: s["failed"] for o, s in status.items() if s["failed"]}
-        if failed:
-            raise ConfigError(f"ingest failed: {failed}")
+        status = poll()
+        for owner, s in status.items():
+            if s["failed"]:
+                raise ConfigError(f"ingest: {owner}: reading its input failed: {s['failed'][0]}")
+            now = clock()
+            for path in s.get("missing", []):
+                since = missing_since.setdefault((owner, path), now)
+                if now - since >= grace:
+                    raise ConfigError(
+                        f"ingest: {owner}: input file {path} is missing (gone for "
+                        f"{now - since:.1f} s); nothing more can be read from it"
+                    )
+            for key in [k for k in missing_since if k[0] == owner]:
+                if key[1] not in s.get("missing", []):
+                    del missing_since[key]
         total = sum(s["records"] for s in status.values())
         rejected = sum(s["rejected"] for s in status.values())
         print(
@@ -154,6 +220,6 @@ def wait_for_ingest(owners: dict[str, Any], timeout: float = 600.0) -> dict[str,
         if all(s["caught_up"] for s in status.values()):
             print(file=sys.stderr)
             return status
-        if time.monotonic() - start > timeout:
+        if clock() - start > timeout:
             raise ConfigError(f"ingest did not catch up within {timeout} s")
-        time.sleep(0.1)
+        pause(0.1)

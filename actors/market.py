@@ -33,6 +33,7 @@ from dpmarket.actors.randomness import public_generator
 from dpmarket.actors.report import CONSUMER_REPORT, mmd2_by_prefix, write_outputs
 from dpmarket.actors.runner import OwnerInputs, RayMarket, spawn_market
 from dpmarket.actors.scenarios import digits_split
+from dpmarket.actors.validate import check_inputs, resolve_out
 from dpmarket.protocol.summary.objective import mmd2
 from dpmarket.streams.records.files import Schema
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
@@ -57,6 +58,8 @@ class MarketOutcome:
     message: str
     report: dict[str, Any] | None  # the public report.json
     consumer_report: dict[str, Any] | None = None  # report.private.json (actors/report.py)
+    # party -> (records rejected, its rejects file) for every party that read files
+    rejects: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
 
 def make_market_scenario(config: MarketConfig) -> Scenario:
@@ -90,12 +93,17 @@ class _Inputs:
     schema: Schema | None = None
     files: dict[str, list[str]] | None = None
     writer: StreamWriter | None = None
+    headers: tuple[str, ...] = ()  # CSV input files whose first line is a header
+    consumer_rejects: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-def _inputs(config: MarketConfig, out: Path) -> _Inputs:
+def _inputs(
+    config: MarketConfig, out: Path, headers: dict[str, bool], attempt_dir: Path
+) -> _Inputs:
     if config.source == "files":
-        owners, schema, files, gamma = file_inputs(config)
-        return _Inputs(owners, gamma, None, schema, files)
+        f = file_inputs(config, headers, attempt_dir)
+        with_header = tuple(p for p, h in f.headers.items() if h)
+        return _Inputs(f.owners, f.gamma, None, f.schema, f.files, None, with_header, f.rejects)
     scenario = make_market_scenario(config)
     if "stream" in config.data:
         owners, schema, files, writer = stream_files(config, scenario, out / "data")
@@ -127,7 +135,7 @@ def _drive(
             ray.get(
                 [
                     market.owners[o].start_ingest.remote(
-                        o, paths, inputs.schema, str(attempt_dir / o)
+                        o, paths, inputs.schema, str(attempt_dir / o), headers=inputs.headers
                     )
                     for o, paths in inputs.files.items()
                 ]
@@ -233,8 +241,11 @@ def run_market(
     address: str | None = None,
     snapshot: Any = None,
 ) -> MarketOutcome:
-    """Run (or resume, given a journal ``snapshot``) one market; write outputs into ``out``."""
-    out = Path(out or config.out)
+    """Run (or resume, given a journal ``snapshot``) one market; write outputs into ``out``
+    (relative to the working directory). A files market's inputs are checked before Ray
+    starts (actors/validate.py)."""
+    out = resolve_out(config, out)
+    headers = check_inputs(config).headers if config.source == "files" else {}
     journal_dir = out / JOURNAL_DIR
     if snapshot is None and (out / "report.json").exists():
         raise ConfigError(f"{out}: already holds a finished run (report.json); choose --out")
@@ -248,16 +259,11 @@ def run_market(
     start = time.perf_counter()
     connected = connect(address)
     timings["start"] = time.perf_counter() - start
-    inputs = _inputs(config, out)
     attempt = len(list((out / ".ingest").glob("attempt-*"))) if (out / ".ingest").exists() else 0
+    attempt_dir = out / ".ingest" / f"attempt-{attempt}"
+    inputs = _inputs(config, out, headers, attempt_dir)
     tick = time.perf_counter()
-    payload = _drive(
-        config,
-        inputs,
-        journal_dir / "journal.json",
-        snapshot,
-        out / ".ingest" / f"attempt-{attempt}",
-    )
+    payload = _drive(config, inputs, journal_dir / "journal.json", snapshot, attempt_dir)
     timings["ingest_and_summarise"] = time.perf_counter() - tick
     if payload["state"] == "refused":
         after = (
@@ -297,12 +303,22 @@ def run_market(
         utility or None,
         curves,
     )
+    rejects = {
+        o: (int(st["rejected_records"]), str(attempt_dir / o / "rejects.jsonl"))
+        for o, st in payload["owners"].items()
+        if inputs.files is not None
+    }
+    rejects |= {
+        key: (n, str(attempt_dir / key / "rejects.jsonl"))
+        for key, n in inputs.consumer_rejects.items()
+    }
     return MarketOutcome(
         EXIT_OK,
         f"dpmarket: run complete, outputs in {out} (report.json public; "
         f"{CONSUMER_REPORT} and summary.* the consumer's)",
         reports.public,
         reports.consumer,
+        rejects,
     )
 
 

@@ -31,7 +31,7 @@ from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.streams.race.lsh import make_family
 from dpmarket.streams.race.sketch import RaceSketch
-from dpmarket.streams.records.files import RejectsWriter, Schema
+from dpmarket.streams.records.files import CsvDecoder, RejectsWriter, Schema
 from dpmarket.streams.records.tail import FileTailer
 
 __all__ = ["OwnerActor", "handle_frames"]
@@ -132,18 +132,21 @@ class OwnerActor:
         schema: Schema,
         state_dir: str,
         poll_interval: float = 0.25,
+        headers: tuple[str, ...] = (),
     ) -> None:
         """Follow each input file with a tailer: every valid record (clipped to the public
         bounds by the schema) is handed to the owner party, then the file offset is committed;
-        rejects go to ``state_dir/rejects.jsonl`` with their source and byte offset."""
+        rejects go to ``state_dir/rejects.jsonl`` with their source and byte offset. The CSV
+        files in ``headers`` have a header line (skipped, not rejected)."""
         hosted = self._owner(owner)
         state = Path(state_dir)
         state.mkdir(parents=True, exist_ok=True)
         rejects = RejectsWriter(state / "rejects.jsonl")
         for path in inputs:
             key = hashlib.blake2b(str(Path(path).resolve()).encode(), digest_size=8).hexdigest()
+            decoder = CsvDecoder(schema, header=True) if path in headers else schema
             tailer = FileTailer(
-                path, schema, state / f"{key}.pos", poll_interval=poll_interval, rejects=rejects
+                path, decoder, state / f"{key}.pos", poll_interval=poll_interval, rejects=rejects
             )
             hosted.tailers[path] = tailer
             hosted.tasks.append(asyncio.get_running_loop().create_task(_follow(hosted, tailer)))
@@ -165,6 +168,7 @@ class OwnerActor:
             "rejected": hosted.rejected,
             "caught_up": caught_up,
             "failed": failed,
+            "missing": [path for path in hosted.tailers if not os.path.exists(path)],
         }
 
     async def warm_up(self) -> float:

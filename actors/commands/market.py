@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dpmarket.actors.config import load_market_config
+from dpmarket.actors.config import MarketConfig, load_market_config
 from dpmarket.actors.randomness import NOISE_WARNING
+from dpmarket.actors.validate import check_inputs, resolve_out
 
-__all__ = ["add_market_parsers", "print_report"]
+__all__ = ["add_market_parsers", "print_rejects", "print_report"]
 
 
 def _market(args: argparse.Namespace) -> int:
@@ -25,14 +26,31 @@ def _market(args: argparse.Namespace) -> int:
         if config.reproducible_noise:
             print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)
         if args.command == "validate":
-            print(json.dumps(config.public_record(), indent=2, default=str))
-            print(f"{args.config}: valid", file=sys.stderr)
-            return 0
+            return _validate(config, args.out)
         outcome = run_market(config, Path(args.out) if args.out else None, args.address)
     if outcome.report is not None:
         print_report(outcome.report, outcome.consumer_report)
+    print_rejects(outcome.rejects)
     print(outcome.message, file=sys.stderr if outcome.exit_code else sys.stdout)
     return outcome.exit_code
+
+
+def _validate(config: MarketConfig, out: str | None) -> int:
+    """Print the configuration and, for a files market, what each input file showed."""
+    print(json.dumps(config.public_record(), indent=2, default=str))
+    if config.source == "files":
+        print("\n".join(check_inputs(config).describe()))
+    print(f"out: {resolve_out(config, out)} (--out or [run].out, from the working directory)")
+    print(f"{config.path}: valid", file=sys.stderr)
+    return 0
+
+
+def print_rejects(rejects: dict[str, tuple[int, str]]) -> None:
+    """Records rejected per party that read files (owners, validation, seed set)."""
+    if rejects:
+        print("rejected records (each kept with its source and byte offset in its rejects file):")
+    for party, (count, path) in rejects.items():
+        print(f"  {party:<12} {count:>6}  {path}")
 
 
 def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None) -> None:
@@ -68,7 +86,11 @@ def add_market_parsers(sub: Any) -> None:
     ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("config", help="TOML market configuration (see configs/)")
-        cmd.add_argument("--out", help="output directory (default: [run].out)")
+        cmd.add_argument(
+            "--out",
+            help="output directory (default: [run].out); relative paths, here and in [run].out, "
+            "are taken from the working directory (data paths from the config's directory)",
+        )
         cmd.add_argument("--address", help="Ray address, or 'auto' (default: RAY_ADDRESS/local)")
         cmd.add_argument(
             "--set",

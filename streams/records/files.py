@@ -63,9 +63,9 @@ from dpmarket.streams.records.text import _scan_numbers as _scan_numbers
 __all__ = [
     "ARITY", "FORMATS", "MALFORMED", "NON_FINITE", "NON_NUMERIC", "OUT_OF_BOUNDS", "RAW_LIMIT",
     "TOO_LONG", "TRUNCATED", "ChunkDecoder", "CsvDecoder", "Decoded", "JsonlDecoder",
-    "MsgpackDecoder", "Position", "RecordBatch", "Reject", "RejectsWriter", "Schema",
+    "MsgpackDecoder", "Position", "Probe", "RecordBatch", "Reject", "RejectsWriter", "Schema",
     "SchemaError", "decode_npy", "decoder_for", "format_of", "iter_records", "load_position",
-    "read_rejects", "save_position",
+    "probe", "read_rejects", "save_position",
 ]  # fmt: skip
 
 _SUFFIXES: Final = {
@@ -249,6 +249,74 @@ def read_rejects(path: str | Path) -> list[dict[str, object]]:
     """All reject entries of a rejects file, in order."""
     text = Path(path).read_text(encoding="utf-8")
     return [json.loads(line) for line in text.splitlines() if line]
+
+
+# ----------------------------------------------------------- a bounded look at a file
+@dataclass(frozen=True)
+class Probe:
+    """The first rows of a record file (:func:`probe`): ``rejects`` with their 1-based line
+    (0 for binary formats), ``columns`` on the first data line of a CSV file, and whether the
+    first line was skipped as a header (``header``), detected rather than configured."""
+
+    path: str
+    format: str
+    size: int
+    rows: int
+    valid: int
+    rejects: tuple[tuple[int, Reject], ...]
+    columns: int | None = None
+    header: bool = False
+    header_detected: bool = False
+
+
+def _numbers(line: bytes) -> bool:
+    try:
+        return bool([float(v) for v in line.split(b",")]) and bool(line.strip())
+    except ValueError:
+        return False
+
+
+def probe(
+    path: str | Path, schema: Schema, *, header: bool | None = None, max_bytes: int = 1 << 16,
+    max_rows: int = 50,
+) -> Probe:  # fmt: skip
+    """Decode the first ``max_rows`` records within the first ``max_bytes`` bytes of ``path``.
+
+    ``header`` (CSV): ``True`` skips the first line, ``False`` never, ``None`` when detected
+    (its fields are not all numbers, the next line's are). Raises ``OSError`` for a file that
+    cannot be read, ``ValueError`` for an unknown suffix; bad records are rejects.
+    """
+    path, detected, columns = Path(path), False, None
+    fmt = format_of(path)
+    with path.open("rb") as fp:
+        size = os.fstat(fp.fileno()).st_size
+        if fmt == "npy":
+            first = next(_npy_batches(fp, size, schema, max_rows), RecordBatch.empty(schema))
+            rejects = tuple((0, r) for r in first.rejects)
+            return Probe(str(path), fmt, size, len(first) + len(rejects), len(first), rejects)
+        prefix = fp.read(max_bytes)
+    final = len(prefix) >= size
+    if fmt in ("csv", "jsonl"):  # complete, non-blank, non-comment lines only
+        parts = prefix.split(b"\n")
+        starts = np.cumsum([0] + [len(p) + 1 for p in parts])
+        lines = [
+            (int(o), p.rstrip(b"\r"))
+            for o, p in zip(starts, parts if final else parts[:-1], strict=False)
+            if p.strip() and not p.startswith(b"#")
+        ]
+        if fmt == "csv" and header is None and len(lines) > 1 and lines[0][0] == 0:
+            header = detected = not _numbers(lines[0][1]) and _numbers(lines[1][1])
+        skip = 1 if fmt == "csv" and header and lines and lines[0][0] == 0 else 0
+        columns = len(lines[skip][1].split(b",")) if fmt == "csv" and lines[skip:] else None
+        keep = lines[: max_rows + skip]
+        prefix, final = (prefix[: keep[-1][0] + len(keep[-1][1])] if keep else b""), True
+    decoder = CsvDecoder(schema, header=bool(header)) if fmt == "csv" else decoder_for(fmt, schema)
+    batch = decoder.decode(prefix, 0, final=final).batch
+    text = fmt in ("csv", "jsonl")
+    located = tuple((prefix.count(b"\n", 0, r.offset) + 1 if text else 0, r) for r in batch.rejects)
+    n = len(batch) + len(located)
+    skipped = bool(header) and fmt == "csv"
+    return Probe(str(path), fmt, size, n, len(batch), located, columns, skipped, detected)
 
 
 # ------------------------------------------------ the tailer's persisted read position

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,12 +16,14 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_lo
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _csv(path: Path, X: np.ndarray, y: np.ndarray | None = None) -> None:
+def _csv(path: Path, X: np.ndarray, y: np.ndarray | None = None, header: str = "") -> None:
     rows = X if y is None else np.column_stack([X, y])
-    np.savetxt(path, rows, delimiter=",", fmt="%.6f")
+    np.savetxt(path, rows, delimiter=",", fmt="%.6f", header=header, comments="")
 
 
-def test_file_market_ingests_clips_and_rejects(tmp_path: Path) -> None:
+def test_file_market_ingests_clips_and_rejects(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     sc = gaussian_mixture_shift(
         np.random.default_rng(4),
         n_points=1200,
@@ -33,12 +36,17 @@ def test_file_market_ingests_clips_and_rejects(tmp_path: Path) -> None:
     )
     data = tmp_path / "data"
     data.mkdir()
+    names = "a,b,c,d,label"  # a header line: detected (no [data].header), skipped, not rejected
     for name, (X, y) in zip(sc.owner_names, sc.owners, strict=True):
-        _csv(data / f"{name}.csv", X, y)
+        _csv(data / f"{name}.csv", X, y, header=names if name == "owner-2" else "")
     with (data / "owner-1.csv").open("a") as fh:  # garbage the decoder must reject
         fh.write("1,2,three,4,0\n1,2,3\nnan,1,1,1,0\n")
-    _csv(data / "validation.csv", sc.validation, np.zeros(len(sc.validation)))
+    _csv(data / "validation.csv", sc.validation, np.zeros(len(sc.validation)), header=names)
+    with (data / "validation.csv").open("a") as fh:  # the consumer's bad lines are counted too
+        fh.write("1,2,3\n")
     _csv(data / "seed.csv", sc.seed_set, np.zeros(len(sc.seed_set)))
+    with (data / "seed.csv").open("a") as fh:
+        fh.write("1,x,1,1,0\ninf,1,1,1,0\n")
     config = tmp_path / "files.toml"
     config.write_text(
         "[run]\nname = 'files'\ndeadline_seconds = 3.0\n"
@@ -64,6 +72,19 @@ def test_file_market_ingests_clips_and_rejects(tmp_path: Path) -> None:
     ]
     assert sorted(r["reason"] for r in rejects) == ["arity", "non_finite", "non_numeric"]
     assert all(r["source"].endswith("owner-1.csv") and r["offset"] > 0 for r in rejects)
+    assert owners["owner-2"]["ingested"] == len(sc.owners[1][0])  # header skipped, not taken
+    assert owners["owner-2"]["rejected_records"] == 0
+    attempt = next((out / ".ingest").glob("attempt-*"))
+    for party, reasons in (("validation", ["arity"]), ("seed_set", ["non_finite", "non_numeric"])):
+        found = [json.loads(line) for line in (attempt / party / "rejects.jsonl").open()]
+        assert sorted(r["reason"] for r in found) == reasons
+    assert report["run"]["validation_size"] == len(sc.validation)
+    stdout = capsys.readouterr().out
+    for party, count in (("owner-1", 3), ("owner-2", 0), ("owner-3", 0), ("validation", 1),
+                         ("seed_set", 2)):  # fmt: skip
+        assert re.search(
+            rf"^  {party} +{count}  {attempt / party / 'rejects.jsonl'}$", stdout, re.M
+        )
 
 
 def test_missing_input_file_is_a_config_error(

@@ -39,6 +39,7 @@ from dpmarket.streams.records.files import (
     decoder_for,
     format_of,
     iter_records,
+    probe,
     read_rejects,
 )
 
@@ -416,3 +417,17 @@ def test_rejects_raw_text_is_truncated_and_escaped(tmp_path: Path) -> None:
     (entry,) = read_rejects(path)
     assert entry["length"] == 1001 and str(entry["raw"]).startswith("\\xffxxx")
     assert len(str(entry["raw"])) < 300
+
+
+def test_probe_reads_a_bounded_prefix_with_lines_and_a_detected_header(tmp_path: Path) -> None:
+    path = tmp_path / "p.csv"
+    path.write_bytes(b"x,y,label\n# comment\n1,2,0\n\n3,oops,1\n5,6\n" + b"7,8,1\n" * 1000)
+    schema = Schema.box(2, 0.0, 10.0, label_column=2)
+    found = probe(path, schema, max_rows=4, max_bytes=200)
+    assert (found.rows, found.valid, found.columns) == (4, 2, 3)
+    assert found.header and found.header_detected
+    assert [(line, r.reason) for line, r in found.rejects] == [(5, "non_numeric"), (6, "arity")]
+    cut = probe(path, schema, max_rows=1000, max_bytes=60)  # a cut prefix: whole lines only
+    assert cut.rows == 6 and cut.size == path.stat().st_size  # 3 lines, then 3 of 6 bytes
+    plain = probe(path, schema, header=False, max_rows=2)
+    assert not plain.header and plain.rejects[0][0] == 1 and plain.valid == 1
