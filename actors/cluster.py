@@ -7,12 +7,13 @@ this machine (``num_cpus`` = the cores the OS reports).
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 import ray
 
-__all__ = ["connect"]
+__all__ = ["connect", "describe"]
 
 
 def connect(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
@@ -21,10 +22,28 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> dict[str
         return {"address": "already connected", "resources": ray.cluster_resources()}  # type: ignore[no-untyped-call]
     target = address or os.environ.get("RAY_ADDRESS")
     common: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
-    if target:
-        ray.init(address=target, **common)
-    else:
-        cpus = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
-        # "local": always a new instance, never an unrelated cluster left on this machine
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, **common)
+    # Ray's start-up banners (token authentication, log locations, "Started a local Ray
+    # instance") are warnings and infos of the "ray" logger; the CLI prints its own line.
+    ray_logger = logging.getLogger("ray")
+    level = ray_logger.level
+    ray_logger.setLevel(logging.ERROR)
+    try:
+        if target:
+            ray.init(address=target, **common)
+        else:
+            cpus = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
+            # "local": always a new instance, never an unrelated cluster left on this machine
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, **common)
+    finally:
+        ray_logger.setLevel(level)
     return {"address": target or "local", "resources": ray.cluster_resources()}  # type: ignore[no-untyped-call]
+
+
+def describe(connected: dict[str, Any]) -> str:
+    """One line for the terminal: "Ray: local, 2 CPUs" or "Ray: cluster at ADDR, 8 CPUs"."""
+    address = str(connected.get("address", "local"))
+    cpus = int(float(connected.get("resources", {}).get("CPU", 0)))
+    where = "local" if address == "local" else f"cluster at {address}"
+    if address == "already connected":
+        where = "already connected"
+    return f"Ray: {where}, {cpus} CPU{'s' if cpus != 1 else ''}"

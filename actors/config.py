@@ -15,6 +15,7 @@ from typing import Any
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.spec import SHARE_MODES
 from dpmarket.protocol.summary.curator import CuratorParams
+from dpmarket.protocol.summary.plan import plan_releases
 
 __all__ = [
     "ConfigError",
@@ -25,6 +26,7 @@ __all__ = [
 ]
 
 _SCENARIOS = ("digits", "synthetic", "files")
+PLAN_EPS_OWNER, PLAN_EPS_VALIDATION = 1.0, 3.0  # the default plan's budgets (at [privacy].delta)
 
 
 class ConfigError(ValueError):
@@ -134,8 +136,27 @@ class MarketConfig:
     def owner_names(self) -> tuple[str, ...]:
         return tuple(f"owner-{k + 1}" for k in range(self.owners))
 
-    def curator_params(self, gamma: float) -> CuratorParams:
-        """The curator's parameters: the config's overrides over the chosen defaults."""
+    def curator_params(self, gamma: float, m: int) -> CuratorParams:
+        """The curator's parameters for a validation set of ``m`` points: the recommended
+        mechanism's plan, with the config's ``[summary]`` overrides on top.
+
+        The plan (protocol/summary/plan.py ``plan_releases``: herding, every bidder asked,
+        oversample then select; eps_owner 1 and eps_validation 3 at ``[privacy].delta``) gives
+        d (from m), the validation noise, clip norm and ``max_epochs`` (from p). A
+        ``[summary].eps_validation`` re-plans the Gaussian validation release at that budget.
+        """
+        eps_validation = float(self.overrides.get("eps_validation", PLAN_EPS_VALIDATION))
+        plan = plan_releases(
+            max(2, self.summary_size),
+            m,
+            self.owners,
+            PLAN_EPS_OWNER,
+            eps_validation,
+            self.delta,
+            summary="herding",
+            auction="all",
+            select=True,
+        )
         base = CuratorParams(
             p=self.summary_size,
             gamma=gamma,
@@ -144,7 +165,7 @@ class MarketConfig:
             max_lost=self.tolerance,
             known_colluders=len(self.faults.colluders),
         )
-        return dataclasses.replace(base, **self.overrides)
+        return dataclasses.replace(base, **(plan.overrides() | self.overrides))
 
     def public_record(self) -> dict[str, Any]:
         """The configuration as recorded in report.json (all of it is public)."""
@@ -267,8 +288,9 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         secure=_secure(name, data.get("privacy", {}), data.get("sketch", {})),
         path=name,
     )
+    m = config.data.get("n_validation", 500)  # m is known at run time; any m checks the keys
     try:
-        config.curator_params(gamma=1.0)
+        config.curator_params(gamma=1.0, m=m if isinstance(m, int) and m >= 1 else 500)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name}: [summary]: {exc}") from None
     return config

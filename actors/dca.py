@@ -17,7 +17,6 @@ Phases of a market run built on it (the ``[privacy]`` budgets of the config):
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +27,7 @@ import numpy.typing as npt
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
 from dpmarket.protocol.securesum.aggregator import Aggregator
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundResult, RoundSpec
+from dpmarket.protocol.summary.snr import moments_sensitivity  # one formula, also pre-run
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 
@@ -36,12 +36,6 @@ __all__ = ["DcaHub", "DcaUnavailable", "moments_sensitivity"]
 
 class DcaUnavailable(RuntimeError):
     """A secure-sum session could not start (a compute node is unreachable): nothing released."""
-
-
-def moments_sensitivity(n_features: int, bound: float) -> float:
-    """L2 sensitivity of (sum x, sum x^2, count) under add/remove of one record clipped to
-    ``[-bound, bound]`` per feature: sqrt(k b^2 + k b^4 + 1)."""
-    return math.sqrt(n_features * bound**2 + n_features * bound**4 + 1.0)
 
 
 class DcaHub:

@@ -16,6 +16,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from dpmarket.actors.evaluation import svm_accuracy
 from dpmarket.actors.faults import FaultPlan, fault_verdicts
 from dpmarket.actors.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
 from dpmarket.actors.phases import progress, secure_phases, standardize
+from dpmarket.actors.preflight import RunPlan, plan_run
 from dpmarket.actors.randomness import public_generator
 from dpmarket.actors.report import CONSUMER_REPORT, mmd2_by_prefix, write_outputs
 from dpmarket.actors.runner import OwnerInputs, RayMarket, spawn_market
@@ -112,17 +114,21 @@ def _inputs(
 
 
 def _drive(
-    config: MarketConfig, inputs: _Inputs, journal: Path, snapshot: Any, attempt_dir: Path
+    config: MarketConfig,
+    inputs: _Inputs,
+    run_plan: RunPlan,
+    journal: Path,
+    snapshot: Any,
+    attempt_dir: Path,
 ) -> Any:
     """Spawn the actors, ingest, run the curator, kill and resume it if the config says so."""
     import ray
 
     faults = config.faults
     plan = FaultPlan(kill_at=dict(faults.kill), delay=dict(faults.slow))
-    params = config.curator_params(inputs.gamma)
     market = spawn_market(
         inputs.owners,
-        params,
+        run_plan.params,
         config.noise,
         plan,
         config.name,
@@ -240,15 +246,28 @@ def run_market(
     out: Path | None = None,
     address: str | None = None,
     snapshot: Any = None,
+    before_start: Callable[[RunPlan], None] | None = None,
+    connected: Callable[[dict[str, Any]], None] | None = None,
 ) -> MarketOutcome:
     """Run (or resume, given a journal ``snapshot``) one market; write outputs into ``out``
     (relative to the working directory). A files market's inputs are checked before Ray
-    starts (actors/validate.py)."""
+    starts (actors/validate.py).
+
+    ``before_start`` sees the :class:`RunPlan` (each release's signal, noise and cost) of a
+    fresh run before Ray starts or anything is spent, and may refuse by raising
+    ``ConfigError``; ``connected`` sees what Ray connected to.
+    """
     out = resolve_out(config, out)
     headers = check_inputs(config).headers if config.source == "files" else {}
     journal_dir = out / JOURNAL_DIR
     if snapshot is None and (out / "report.json").exists():
         raise ConfigError(f"{out}: already holds a finished run (report.json); choose --out")
+    attempt = len(list((out / ".ingest").glob("attempt-*"))) if (out / ".ingest").exists() else 0
+    attempt_dir = out / ".ingest" / f"attempt-{attempt}"
+    inputs = _inputs(config, out, headers, attempt_dir)
+    run_plan = plan_run(config, inputs.owners, inputs.gamma, inputs.files)
+    if before_start is not None and snapshot is None:
+        before_start(run_plan)
     journal_dir.mkdir(parents=True, exist_ok=True)
     if snapshot is None:  # a fresh run: no state of an earlier run in OUT may be resumed
         (journal_dir / "journal.json").unlink(missing_ok=True)  # first: then nothing to resume
@@ -257,13 +276,12 @@ def run_market(
         (journal_dir / "config_path").write_text(str(Path(config.path).resolve()))
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    connected = connect(address)
+    ray_info = connect(address)
+    if connected is not None:
+        connected(ray_info)
     timings["start"] = time.perf_counter() - start
-    attempt = len(list((out / ".ingest").glob("attempt-*"))) if (out / ".ingest").exists() else 0
-    attempt_dir = out / ".ingest" / f"attempt-{attempt}"
-    inputs = _inputs(config, out, headers, attempt_dir)
     tick = time.perf_counter()
-    payload = _drive(config, inputs, journal_dir / "journal.json", snapshot, attempt_dir)
+    payload = _drive(config, inputs, run_plan, journal_dir / "journal.json", snapshot, attempt_dir)
     timings["ingest_and_summarise"] = time.perf_counter() - tick
     if payload["state"] == "refused":
         after = (
@@ -290,7 +308,7 @@ def run_market(
             "secure sums": "add/remove one record: counts are released only with noise",
         },
         "validation_size": len(inputs.owners.validation),
-        "ray": {"address": connected["address"]},
+        "ray": {"address": ray_info["address"]},
         "gamma": inputs.gamma,
     }
     reports = write_outputs(
@@ -322,7 +340,11 @@ def run_market(
     )
 
 
-def resume_market(out: Path, address: str | None = None) -> MarketOutcome:
+def resume_market(
+    out: Path,
+    address: str | None = None,
+    connected: Callable[[dict[str, Any]], None] | None = None,
+) -> MarketOutcome:
     """Continue a refused or crashed run from ``OUT/.journal`` (no new noise for journaled
     releases; the ledger is not charged twice)."""
     journal_dir = Path(out) / JOURNAL_DIR
@@ -346,4 +368,4 @@ def resume_market(out: Path, address: str | None = None) -> MarketOutcome:
             )
     # the simulated faults already happened; colluders still collude
     resumed = dataclasses.replace(config, faults=FaultConfig(colluders=config.faults.colluders))
-    return run_market(resumed, out, address, snapshot=snapshot)
+    return run_market(resumed, out, address, snapshot=snapshot, connected=connected)

@@ -16,6 +16,7 @@ import numpy as np
 from dpmarket.actors.config import MarketConfig
 from dpmarket.actors.dca import moments_sensitivity
 from dpmarket.actors.runner import OwnerInputs, RayMarket, unique_actors
+from dpmarket.protocol.summary.snr import standardisation_verdict
 from dpmarket.streams.synthetic import median_heuristic_gamma
 
 __all__ = ["progress", "secure_phases", "standardize"]
@@ -130,10 +131,11 @@ def standardize(
 ) -> dict[str, Any]:
     """Standardise the features h1 hashes with the normalise round's DP means and spreads.
 
-    Post-processing of a release every owner was already charged for; the spreads are floored
-    at 1e-3 of the public clip bound so a (noisy) constant feature cannot blow up. The kernel
-    width is then the median heuristic on the public seed set in standardised units, unless
-    the config fixes ``[data].gamma``.
+    Post-processing of a release every owner was already charged for, skipped (with the reason)
+    when the released DP count is below 3 sigma of its noise (protocol/summary/snr.py); the
+    spreads are floored at 1e-3 of the public clip bound so a (noisy) constant feature cannot
+    blow up. The kernel width is then the median heuristic on the public seed set in
+    standardised units, unless the config fixes ``[data].gamma``.
     """
     import ray
 
@@ -143,6 +145,10 @@ def standardize(
     if not config.secure["standardize"] or normalise.get("status") != "released":
         reason = "disabled" if not config.secure["standardize"] else "no normalise release"
         return {"applied": False, "reason": reason}
+    useful, why = standardisation_verdict(float(normalise["count"]), float(normalise["sigma"]))
+    if not useful:  # decided from the DP release alone (post-processing)
+        print(f"dpmarket: WARNING: standardisation skipped: {why}", file=sys.stderr)
+        return {"applied": False, "reason": why}
     bound = float(config.data.get("bound", 10.0))
     center = np.asarray(normalise["mean"], dtype=np.float64)
     scale = np.maximum(np.asarray(normalise["std"], dtype=np.float64), 1e-3 * bound)

@@ -26,8 +26,9 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
 - ``outcome``: ``state``, ``reason``, ``epochs``, ``exploration_epochs`` (the first epochs, in
   which every owner delivered a uniform draw and no auction ran): every owner takes part in
   every epoch and sees them.
-- ``privacy``: per protected party, epsilon at ``delta`` by the ledger (``pld``, ``theorem7``)
-  and ``paper`` (as the paper counts it), the events, and for each honest owner the guarantee
+- ``privacy``: per protected party, epsilon at ``delta`` by the ledger (``pld``, ``theorem7``;
+  ``"inf"`` with a ``note`` where unbounded) and ``paper`` (as the paper counts it; ``"n/a"``
+  where it counts none of the party's events), the events, and for each honest owner the guarantee
   against the simulated coalition of colluders: what each party was charged, computed from the
   events (mechanism and parameters), not from data.
 - ``parsimony``: ``summary_size`` (p), ``validation_size`` (m), ``distinct_points``,
@@ -43,7 +44,8 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
   and floored spreads as h1's center and scale in the setup frame), ``scan`` and each entry of
   ``refreshes`` without their coverage (status, sigma, owners missing; a refresh's
   ``records_estimate`` reads the DP pool sketch alone), ``standardize`` (center, scale, gamma:
-  post-processing of normalise and of the public seed set), the compute nodes, T, the share
+  post-processing of normalise and of the public seed set; or ``applied`` false and the
+  ``reason``, e.g. a DP count below 3 sigma), the compute nodes, T, the share
   scheme, absent owners and errors. Any key of a round outside :data:`PUBLIC_SECURE` goes to
   the consumer's report.
 
@@ -85,7 +87,6 @@ Files: ``report.json`` and ``privacy.png`` (public); ``report.private.json``, ``
 from __future__ import annotations
 
 import csv
-import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.actors.curator import write_json_atomic
+from dpmarket.protocol.privacy.epsilons import epsilon_value, party_epsilons
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.summary.objective import rbf_gram
 
@@ -158,10 +160,6 @@ PUBLIC_TIMINGS = frozenset({"start", "ingest_and_summarise"})
 F64 = npt.NDArray[np.float64]
 
 
-def _finite(x: float) -> float | None:
-    return round(x, 6) if math.isfinite(x) else None
-
-
 def privacy_section(
     ledgers: dict[str, dict[str, Any]], delta: float, colluders: tuple[str, ...]
 ) -> dict[str, Any]:
@@ -171,19 +169,14 @@ def privacy_section(
     out: dict[str, Any] = {"delta": delta, "parties": {}}
     for party, raw in sorted(ledgers.items()):
         ledger = PrivacyLedger.from_dict(raw)
-        entry: dict[str, Any] = {
-            "pld": _finite(ledger.epsilon(delta, "pld")),
-            "theorem7": _finite(ledger.epsilon(delta, "theorem7")),
-            "paper": _finite(ledger.epsilon(delta, "paper")),
-            "events": raw,
-        }
+        entry = party_epsilons(ledger, delta) | {"events": raw}
         if colluders and party not in colluders and party != "validation":
             pooled = PrivacyLedger(party)
             for event in ledger.events:
                 times = len(colluders) if event.mechanism == "auction" else 1
                 for _ in range(times):
                     pooled.record(event)
-            entry["against_colluders"] = _finite(pooled.epsilon(delta, "pld"))
+            entry["against_colluders"] = epsilon_value(pooled.epsilon(delta, "pld"))
         out["parties"][party] = entry
     return out
 
@@ -247,9 +240,10 @@ def _plots(out: Path, privacy: dict[str, Any], curves: dict[str, F64]) -> None:
     parties = sorted(privacy["parties"])
     values = [privacy["parties"][p]["pld"] for p in parties]
     fig, ax = plt.subplots(figsize=(6, 3))
-    ax.bar(parties, [v if v is not None else 0.0 for v in values])
-    for i, v in enumerate(values):
-        ax.text(i, v or 0.0, "inf" if v is None else f"{v:.2f}", ha="center", va="bottom")
+    heights = [v if isinstance(v, float | int) else 0.0 for v in values]
+    ax.bar(parties, heights)
+    for i, (v, h) in enumerate(zip(values, heights, strict=True)):
+        ax.text(i, h, f"{v:.2f}" if isinstance(v, float | int) else "inf", ha="center")
     ax.set_ylabel(f"epsilon at delta={privacy['delta']:g}")
     ax.set_title("privacy ledger (PLD) per protected party")
     fig.tight_layout()

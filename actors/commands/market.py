@@ -5,29 +5,81 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dpmarket.actors.config import MarketConfig, load_market_config
+from dpmarket.actors.config import ConfigError, MarketConfig, load_market_config
 from dpmarket.actors.randomness import NOISE_WARNING
 from dpmarket.actors.validate import check_inputs, resolve_out
 
-__all__ = ["add_market_parsers", "print_rejects", "print_report"]
+if TYPE_CHECKING:
+    from dpmarket.actors.preflight import RunPlan
+
+__all__ = ["add_market_parsers", "print_plan", "print_rejects", "print_report"]
+
+
+def _ray_line(info: dict[str, Any]) -> None:
+    from dpmarket.actors.cluster import describe
+
+    print(describe(info), file=sys.stderr)
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.{digits}g}"
+
+
+def print_plan(plan: RunPlan) -> None:
+    """Each release's expected signal, noise, signal-to-noise and cost, before the run."""
+    delta = plan.checks[0].delta if plan.checks else 0.0
+    print(f"releases (m = {plan.m}, about {plan.records:.0f} pooled records):")
+    print(
+        f"  {'release':<18} {'protects':<11} {'signal':>8} {'noise':>8} {'SNR':>6}"
+        f" {f'eps (delta {delta:g})':>18}"
+    )
+    for c in plan.checks:
+        print(
+            f"  {c.name:<18} {c.protects:<11} {_number(c.signal):>8} {_number(c.noise):>8} "
+            f"{_number(c.snr):>6} {_number(c.epsilon, 4):>18}"
+        )
+
+
+def _check_plan(strict: bool) -> Any:
+    """The run's ``before_start``: print the table, warn; with ``strict`` refuse on a warning."""
+
+    def check(plan: RunPlan) -> None:
+        print_plan(plan)
+        if plan.unbounded is not None:
+            print(f"dpmarket: WARNING: {plan.unbounded} (named in [summary])", file=sys.stderr)
+        for warning in plan.warnings:
+            print(f"dpmarket: WARNING: {warning}", file=sys.stderr)
+        if strict and plan.warnings:
+            raise ConfigError(f"--strict: refused before any release: {'; '.join(plan.warnings)}")
+
+    return check
 
 
 def _market(args: argparse.Namespace) -> int:
     from dpmarket.actors.market import resume_market, run_market
 
     if args.command == "resume":
-        outcome = resume_market(Path(args.out), args.address)
+        outcome = resume_market(Path(args.out), args.address, connected=_ray_line)
     else:
         config = load_market_config(args.config, args.set)
         if config.reproducible_noise:
             print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)
         if args.command == "validate":
             return _validate(config, args.out)
-        outcome = run_market(config, Path(args.out) if args.out else None, args.address)
+        outcome = run_market(
+            config,
+            Path(args.out) if args.out else None,
+            args.address,
+            before_start=_check_plan(args.strict),
+            connected=_ray_line,
+        )
     if outcome.report is not None:
         print_report(outcome.report, outcome.consumer_report)
     print_rejects(outcome.rejects)
@@ -53,6 +105,13 @@ def print_rejects(rejects: dict[str, tuple[int, str]]) -> None:
         print(f"  {party:<12} {count:>6}  {path}")
 
 
+def _epsilon(value: float | str | None) -> str:
+    """A report's epsilon cell: a number, "inf" (also a schema-1 null) or "n/a"."""
+    if value is None:
+        return "inf"
+    return value if isinstance(value, str) else f"{value:.3f}"
+
+
 def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None) -> None:
     """Print the public ``report`` and, when given, the consumer's utility (actors/report.py)."""
     outcome, parsimony = report["outcome"], report["parsimony"]
@@ -64,13 +123,13 @@ def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None)
     delta = report["privacy"]["delta"]
     print(f"{'protected party':<16} {'eps (PLD)':>10} {'Theorem 7':>10} {'paper count':>12}")
     for party, entry in report["privacy"]["parties"].items():
-        cells = [entry[k] for k in ("pld", "theorem7", "paper")]
-        text = ["inf" if v is None else f"{v:.3f}" for v in cells]
+        text = [_epsilon(entry[k]) for k in ("pld", "theorem7", "paper")]
         line = f"{party:<16} {text[0]:>10} {text[1]:>10} {text[2]:>12}   (delta {delta:g})"
         if "against_colluders" in entry:
-            pooled = entry["against_colluders"]
-            line += f"; vs colluders {'inf' if pooled is None else f'{pooled:.3f}'}"
+            line += f"; vs colluders {_epsilon(entry['against_colluders'])}"
         print(line)
+        if "note" in entry:
+            print(f"  {party}: {entry['note']}")
     for name, row in (consumer or {}).get("utility", {}).items():
         print(f"utility {name:<8} MMD^2 {row['mmd2']:.5f}  LinearSVC {row['svm_accuracy']:.3f}")
     lost = report["faults"]["lost"]
@@ -92,6 +151,12 @@ def add_market_parsers(sub: Any) -> None:
             "are taken from the working directory (data paths from the config's directory)",
         )
         cmd.add_argument("--address", help="Ray address, or 'auto' (default: RAY_ADDRESS/local)")
+        if name != "validate":
+            cmd.add_argument(
+                "--strict",
+                action="store_true",
+                help="refuse (exit 2) a run whose releases' noise exceeds what they can measure",
+            )
         cmd.add_argument(
             "--set",
             action="append",

@@ -119,7 +119,8 @@ def test_configs_default_to_the_planned_herding_mechanism_within_the_budgets() -
     planned = recommended_params(100, scenario, 0)  # m = 32: the plan the configs copy
     demo = load_demo_config(configs / "evaluate.toml")
     evaluated = demo.apply(paper_params(100, scenario.gamma, 0, 5, DELTA))
-    market = load_market_config(configs / "digits.toml").curator_params(scenario.gamma)
+    digits = load_market_config(configs / "digits.toml")
+    market = digits.curator_params(scenario.gamma, len(scenario.validation))
     for params in (evaluated, market):
         assert params.validation_sigma >= planned.validation_sigma
         keys = ("d", "validation_release", "summary_release", "tau", "max_deliveries",

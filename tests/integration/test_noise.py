@@ -53,7 +53,7 @@ def _attack(config: MarketConfig, released: np.ndarray, guess: np.random.Generat
     """An owner's attack with public values only (config, h1 seed, m): subtract the regenerated
     noise; return the recovered mean's error over the release's own noise norm."""
     scenario = make_market_scenario(config)  # the harness's data: the test plays the consumer
-    params = config.curator_params(scenario.gamma)
+    params = config.curator_params(scenario.gamma, len(scenario.validation))
     H = RandomFourierFeatures(scenario.validation.shape[1], params.d, params.gamma,
                               params.h1_seed)(scenario.validation)  # fmt: skip
     m = len(H)

@@ -1,0 +1,213 @@
+"""Signal against noise of a run's releases, from public numbers only, before budget is spent.
+
+Pure functions (no data is read here): the caller passes what is public before a run starts, the
+validation set's size m, the expected number of pooled records (the config's ``n_points`` or
+the input files' line counts; never a released value), the clip bounds, the budgets and the
+:class:`CuratorParams`. Each :class:`ReleaseCheck` states one release's expected signal, the
+standard deviation (or norm) of its noise, and what it costs at delta. A release whose noise
+exceeds its signal spends budget on (almost) nothing; the CLI warns, or refuses with
+``--strict``.
+
+Privacy: none of this releases anything. The proxies are public constants or public sizes, so
+printing them costs no budget; the post-round :func:`standardisation_verdict` reads only the
+normalise round's DP release (post-processing).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dpmarket.protocol.privacy.dgauss import gaussian_sigma
+from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.summary.params import CuratorParams
+
+__all__ = [
+    "STANDARDIZE_MIN_SNR",
+    "VALIDATION_SIGNAL",
+    "ReleaseCheck",
+    "moments_sensitivity",
+    "normalise_check",
+    "owners_check",
+    "owners_total",
+    "planned_owner_ledger",
+    "scan_check",
+    "scan_sigma",
+    "standardisation_verdict",
+    "unbounded_reason",
+    "validation_check",
+]
+
+VALIDATION_SIGNAL = 1.0 / math.sqrt(2.0)
+"""Public proxy of ||mean of h1 over D_v||: h1 rows have norm about 1 and the norm of their
+mean is sqrt(mean kernel value over pairs), below 1; at the median-heuristic kernel width it is
+about 0.6. 1/sqrt(2) is on the generous side, so a release flagged against it is really weak."""
+
+STANDARDIZE_MIN_SNR = 3.0
+"""Standardisation uses the normalise round's means and spreads only when its released DP count
+is at least this many noise standard deviations (below, means and spreads are mostly noise)."""
+
+
+def moments_sensitivity(n_features: int, bound: float) -> float:
+    """L2 sensitivity of (sum x, sum x^2, count) under add/remove of one record clipped to
+    ``[-bound, bound]`` per feature: sqrt(k b^2 + k b^4 + 1)."""
+    return math.sqrt(n_features * bound**2 + n_features * bound**4 + 1.0)
+
+
+@dataclass(frozen=True)
+class ReleaseCheck:
+    """One release: expected ``signal``, ``noise`` (same units), ``epsilon`` at ``delta`` charged
+    to ``protects`` (``math.inf``: no finite bound). ``signal``/``noise`` None: not applicable."""
+
+    name: str
+    protects: str
+    signal: float | None
+    noise: float | None
+    epsilon: float
+    delta: float
+    what: str
+    gate: bool = True  # a weak release warns (or refuses under --strict); False: shown only
+
+    @property
+    def snr(self) -> float | None:
+        if self.signal is None or self.noise is None:
+            return None
+        return math.inf if self.noise == 0 else self.signal / self.noise
+
+    @property
+    def weak(self) -> bool:
+        """The noise exceeds the signal: the release spends budget on (almost) nothing."""
+        snr = self.snr
+        return self.gate and snr is not None and snr < 1.0
+
+
+def validation_check(params: CuratorParams, m: int, delta: float) -> ReleaseCheck:
+    """The validation release g_tilde (protocol/summary/releases.py ``release_validation``).
+
+    Gaussian: noise sigma = validation_sigma * clip_norm * sensitivity on the sum, so the
+    released mean carries noise of norm about ``sigma sqrt(d) / m``, against a mean of norm about
+    :data:`VALIDATION_SIGNAL`. MWEM: its epsilon only (its error is not a simple norm).
+    """
+    if m < 1:
+        raise ValueError(f"m must be >= 1, got {m}")
+    ledger = PrivacyLedger("validation")
+    s = params.sensitivity
+    if params.validation_release == "gaussian":
+        delta_l2 = params.clip_norm * s
+        sigma = params.validation_sigma * delta_l2
+        ledger.gaussian(sigma, delta_l2)
+        noise: float | None = sigma * math.sqrt(params.d) / m
+        what = f"||mean h1|| ~ {VALIDATION_SIGNAL:.2f} vs noise norm sigma sqrt(d)/m (m = {m})"
+    else:
+        eps, rounds = params.eps_validation, params.validation_iterations
+        ledger.exponential(eps, s, count=rounds)
+        ledger.laplace(1.0 / eps, s, count=rounds)
+        noise, what = None, f"MWEM, {rounds} iterations (m = {m})"
+    signal = VALIDATION_SIGNAL if noise is not None else None
+    epsilon = ledger.epsilon(delta)
+    return ReleaseCheck("validation", "validation", signal, noise, epsilon, delta, what)
+
+
+def normalise_check(
+    n_features: int, bound: float, eps: float, delta: float, records: float
+) -> ReleaseCheck:
+    """The normalise secure sum (actors/dca.py): the pool's record count against its noise.
+
+    sigma is calibrated as ``DcaConfig.spec`` does (analytic Gaussian at the moments'
+    sensitivity; the grid adds at most sqrt(2k+1) 2^-f to the sensitivity, negligible here).
+    """
+    sigma = gaussian_sigma(eps, delta, moments_sensitivity(n_features, bound))
+    what = f"records ~ {records:g} vs sigma of the DP count (bound {bound:g}, k = {n_features})"
+    return ReleaseCheck("normalise", "each owner", records, sigma, eps, delta, what)
+
+
+def scan_check(rows: int, width: int, eps: float, delta: float, records: float) -> ReleaseCheck:
+    """The scan secure sum: a point at the pool's average density sees ``records / width``
+    per counter, averaged over ``rows`` counters with independent noise sigma.
+
+    Shown, not gated: the scan steers nothing (its coverage score goes to the consumer's report
+    only) and that score also averages over the m validation points, so its noise is lower.
+    """
+    sigma = gaussian_sigma(eps, delta, math.sqrt(rows))
+    signal, noise = records / width, sigma / math.sqrt(rows)
+    what = f"mean counter {signal:.3g} vs sigma/sqrt(R) (R x W = {rows} x {width})"
+    return ReleaseCheck("scan", "each owner", signal, noise, eps, delta, what, gate=False)
+
+
+def scan_sigma(rows: int, eps: float, delta: float) -> float:
+    """Noise sigma per counter of a scan or refresh round (L2 sensitivity sqrt(rows))."""
+    return gaussian_sigma(eps, delta, math.sqrt(rows))
+
+
+def planned_owner_ledger(params: CuratorParams) -> PrivacyLedger:
+    """Every event one owner's ledger is charged under ``params`` if the run uses all its
+    steering epochs (an upper bound: exploration epochs charge nothing)."""
+    ledger = PrivacyLedger("owner")
+    epochs, s, p = params.epoch_limit, params.sensitivity, params.p
+    ledger.auction(params.eps_auction, params.auction_variant, count=epochs)
+    delta_l2 = params.clip_norm * s
+    releases = max(1, p - 1)
+    if params.summary_release == "gaussian":
+        ledger.gaussian(params.summary_sigma * delta_l2, delta_l2, count=releases)
+    elif params.summary_release == "tree":
+        ledger.gaussian(params.summary_sigma * delta_l2, delta_l2, count=releases.bit_length())
+    elif params.summary_release == "mwem":
+        count = params.summary_iterations * releases
+        ledger.exponential(params.eps_summary, s, count=count)
+        ledger.laplace(1.0 / params.eps_summary, s, count=count)
+    return ledger
+
+
+def owners_check(params: CuratorParams, delta: float) -> ReleaseCheck:
+    """The auction and the summary releases, charged to each owner (planned upper bound)."""
+    epsilon = planned_owner_ledger(params).epsilon(delta)
+    what = (
+        f"auction {params.auction_variant} x {params.epoch_limit} steps, "
+        f"summary release {params.summary_release}"
+    )
+    return ReleaseCheck("auction + summary", "each owner", None, None, epsilon, delta, what)
+
+
+def owners_total(
+    params: CuratorParams, delta: float, gaussians: tuple[tuple[float, float, int], ...]
+) -> ReleaseCheck:
+    """Each owner's whole planned ledger: the auction and summary releases plus the secure
+    sums' Gaussian events ``(sigma, L2 sensitivity, count)`` (PLD composition)."""
+    ledger = planned_owner_ledger(params)
+    for sigma, sensitivity, count in gaussians:
+        if count:
+            ledger.gaussian(sigma, sensitivity, count=count)
+    what = "every release above composed (upper bound: all steering epochs used)"
+    return ReleaseCheck("owner total", "each owner", None, None, ledger.epsilon(delta), delta, what)
+
+
+def unbounded_reason(params: CuratorParams, delta: float) -> str | None:
+    """Why an owner's planned ledger has no finite epsilon at ``delta``, or None if it has one.
+
+    The paper's auction always asks the top bidder: each step is (eps_auc, 1 - e^-eps_auc)-DP,
+    and that per-step delta alone exceeds any usual target delta.
+    """
+    if math.isfinite(planned_owner_ledger(params).epsilon(delta)):
+        return None
+    if params.auction_variant == "paper":
+        step = -math.expm1(-params.eps_auction)
+        return (
+            f'auction_variant = "paper" always asks the top bidder: each of up to '
+            f"{params.epoch_limit} auction steps is (eps {params.eps_auction:g}, delta "
+            f"{step:.3g})-DP, so no owner has a finite epsilon at delta {delta:g}"
+        )
+    return f"the planned owner ledger has no finite epsilon at delta {delta:g}"
+
+
+def standardisation_verdict(count: float, sigma: float) -> tuple[bool, str]:
+    """Whether to standardise from a normalise release with DP ``count`` and noise ``sigma``.
+
+    Decided from the release only (post-processing): below :data:`STANDARDIZE_MIN_SNR` sigma the
+    DP means and spreads are mostly noise, and standardising by them would distort h1.
+    """
+    if sigma > 0 and count < STANDARDIZE_MIN_SNR * sigma:
+        return False, (
+            f"normalise release too noisy: DP count {count:.0f} < {STANDARDIZE_MIN_SNR:g} sigma "
+            f"({STANDARDIZE_MIN_SNR:g} x {sigma:.0f}); h1 hashes raw features"
+        )
+    return True, f"DP count {count:.0f} >= {STANDARDIZE_MIN_SNR:g} sigma ({sigma:.0f})"

@@ -1,0 +1,131 @@
+"""Issue 15, items 1, 4 and 7 through the CLI (no Ray: every run here stops before it starts)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from dpmarket.actors.commands.main import main
+from dpmarket.actors.commands.market import print_report
+from dpmarket.actors.config import load_market_config
+from dpmarket.actors.report import privacy_section
+from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.summary.plan import plan_releases
+
+ROOT = Path(__file__).resolve().parents[3]
+DEMO = ROOT / "configs" / "demo.toml"
+
+
+def _without_summary(tmp_path: Path, extra: str = "") -> Path:
+    """configs/demo.toml with no [summary] section (plus ``extra``)."""
+    text = DEMO.read_text(encoding="utf-8")
+    text = text[: text.index("[summary]")] + extra
+    path = tmp_path / "plain.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_config_without_summary_runs_the_planned_mechanism(tmp_path: Path) -> None:
+    config = load_market_config(_without_summary(tmp_path))
+    for m in (15, 200):
+        params = config.curator_params(gamma=0.5, m=m)
+        plan = plan_releases(40, m, 4, 1.0, 3.0, 1e-5, "herding", "all", select=True)
+        for key, value in plan.overrides().items():
+            assert getattr(params, key) == value, key
+        assert params.auction_variant == "pure" and params.tau == 1
+        assert params.summary_release == "herding" and params.validation_release == "gaussian"
+        assert params.max_epochs == 2 * 40 + 10  # from p, not from a config
+    assert config.curator_params(0.5, 15).d < config.curator_params(0.5, 200).d  # d from m
+
+
+def test_summary_keys_override_the_plan(tmp_path: Path) -> None:
+    path = _without_summary(tmp_path, "[summary]\ntau = 2\neps_validation = 1.0\n")
+    params = load_market_config(path).curator_params(gamma=0.5, m=200)
+    default = load_market_config(_without_summary(tmp_path)).curator_params(0.5, 200)
+    assert params.tau == 2
+    assert params.validation_sigma > default.validation_sigma  # re-planned at eps 1
+
+
+def test_strict_refuses_a_validation_set_too_small_for_its_epsilon(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    args = ["run", str(_without_summary(tmp_path)), "--out", str(out), "--strict"]
+    assert main([*args, "--set", "data.n_validation=15"]) == 2
+    captured = capsys.readouterr()
+    row = next(line for line in captured.out.splitlines() if line.strip().startswith("validation"))
+    signal, noise, snr = (float(x) for x in row.split()[2:5])
+    assert noise > 1.0 > snr and signal == pytest.approx(1 / math.sqrt(2), abs=1e-3)
+    assert "--strict" in captured.err and "'validation'" in captured.err
+    assert f"noise {noise:.3g}" in captured.err  # the numbers are named
+    assert not out.exists()  # refused before anything was written, started or spent
+
+
+def test_strict_refuses_a_normalise_round_noisier_than_its_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["run", str(_without_summary(tmp_path)), "--out", str(tmp_path / "o"), "--strict"]
+    assert main([*args, "--set", "data.n_points=400", "--set", "data.bound=10.0"]) == 2
+    err = capsys.readouterr().err
+    assert "'normalise'" in err and "standardisation will likely be skipped" in err
+    sigma = float(re.search(r"normalise noise sigma (\d+)", err).group(1))  # type: ignore[union-attr]
+    assert sigma > 400
+
+
+def test_a_named_paper_auction_warns_and_shows_an_unbounded_cost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _without_summary(tmp_path, '[summary]\nauction_variant = "paper"\n')
+    args = ["run", str(path), "--out", str(tmp_path / "o"), "--strict"]
+    assert main([*args, "--set", "data.n_validation=15"]) == 2  # stopped by --strict
+    captured = capsys.readouterr()
+    assert 'auction_variant = "paper" always asks the top bidder' in captured.err
+    rows = {line.split()[0]: line for line in captured.out.splitlines()[2:]}
+    assert rows["auction"].split()[-1] == "inf" and rows["owner"].split()[-1] == "inf"
+
+
+def test_the_default_mechanism_does_not_warn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dpmarket.actors.commands.market import _check_plan
+    from dpmarket.actors.market import _inputs
+    from dpmarket.actors.preflight import plan_run
+
+    config = load_market_config(_without_summary(tmp_path))
+    inputs = _inputs(config, tmp_path, {}, tmp_path / "attempt-0")
+    _check_plan(strict=True)(plan_run(config, inputs.owners, inputs.gamma))  # no refusal
+    captured = capsys.readouterr()
+    assert "WARNING" not in captured.err and "owner total" in captured.out
+
+
+def test_report_writes_inf_with_a_note_and_the_cli_prints_n_a(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    paper, herding, mwem = PrivacyLedger("owner-1"), PrivacyLedger("owner-2"), PrivacyLedger("v")
+    paper.auction(0.05, "paper", count=10, label="auction step")
+    herding.auction(1e-6, "pure", count=10, label="auction step")
+    mwem.laplace(100.0, 1.0, count=5, paper_epsilon=0.01)
+    ledgers = {"owner-1": paper, "owner-2": herding, "validation": mwem}
+    privacy = privacy_section({p: ledger.to_dict() for p, ledger in ledgers.items()}, 1e-5, ())
+    json.dumps(privacy, allow_nan=False)  # valid JSON: no NaN or Infinity
+    for entry in privacy["parties"].values():
+        assert all(entry[k] is not None for k in ("pld", "theorem7", "paper"))  # never null
+    one, two, val = (privacy["parties"][p] for p in ("owner-1", "owner-2", "validation"))
+    assert one["pld"] == "inf" and "always asks the top bidder" in one["note"]
+    assert two["paper"] == "n/a" and "note" not in two
+    assert isinstance(val["paper"], float) and val["paper"] > 0
+    report = {
+        "outcome": {"state": "done", "epochs": 10, "reason": "complete"},
+        "parsimony": {"summary_size": 4, "distinct_points": 4, "total_transfers": 4, "rho": 1.0},
+        "privacy": privacy,
+        "faults": {"lost": []},
+    }
+    print_report(report)
+    lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
+    assert lines["owner-1"][1:4] == ["inf", "inf", "n/a"]
+    assert lines["owner-2"][3] == "n/a" and lines["owner-2"][1] != "n/a"
+    assert lines["validation"][3] == f"{val['paper']:.3f}"
