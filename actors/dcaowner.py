@@ -10,7 +10,9 @@ change any of it.
 Guarantee: every share this owner seals is sealed to a compute-node key whose fingerprint the
 operator pinned at construction (no method replaces the pins), within the one session the
 operator configured (a second set-up is refused, so a relay cannot start a session under keys
-of its choosing).
+of its choosing), and only for a round the operator's plan admits (its sigma floor, clipping,
+sketch shape and count per label), with the noise behaviour the operator set (honest unless
+the run simulates a colluder).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from dpmarket.protocol.securesum.parties import Client, DcaConfig, RoundSpec
+from dpmarket.protocol.securesum.plan import RoundAllowance, SecureSumPlan
 from dpmarket.protocol.wire.codec import Message
 from dpmarket.streams.race.lsh import make_family
 from dpmarket.streams.race.sketch import RaceSketch
@@ -33,10 +36,14 @@ __all__ = ["OperatorTrust", "OwnerSecureSum"]
 @dataclass(frozen=True)
 class OperatorTrust:
     """What the operator hands every owner actor at construction, never through the curator:
-    the session's configuration and each compute node's key fingerprint (node -> SHA-256 hex)."""
+    the session's configuration, each compute node's key fingerprint (node -> SHA-256 hex), the
+    round plan, and the simulated colluders' behaviour (``[faults].colluders``: "withhold" or
+    "reveal" their noise; a simulation fault, known to the driver only)."""
 
     config: DcaConfig
     pins: dict[str, str]
+    plan: SecureSumPlan
+    behaviours: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unpinned = sorted(set(self.config.nodes) - set(self.pins))
@@ -56,14 +63,16 @@ class OwnerSecureSum:
     # secure-sum round -> how many of the owner's records (a prefix: records only grow at the
     # end) its sketch contribution to that round covered; deltas start where a released one ended
     sketched: dict[int, int] = field(default_factory=dict)
+    allowance: RoundAllowance = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.allowance = RoundAllowance(self.trust.plan)
 
     def public_key(self) -> bytes:
         """The public half of this owner's key, for the operator to pin at the compute nodes."""
         return self.identity.public_key().public_bytes_raw()
 
-    def setup(
-        self, config: DcaConfig, node_keys: dict[str, bytes], behaviour: str | None = None
-    ) -> list[Message]:
+    def setup(self, config: DcaConfig, node_keys: dict[str, bytes]) -> list[Message]:
         """Become the secure-sum client of the operator's session; return the registrations.
 
         Refused (``RuntimeError``, nothing sent) when called a second time, and (``ValueError``)
@@ -73,6 +82,7 @@ class OwnerSecureSum:
             raise RuntimeError(f"{self.name}: dca_setup: the secure-sum session is already set up")
         if config != self.trust.config:
             raise ValueError(f"{self.name}: dca_setup: not the operator's session configuration")
+        behaviour = self.trust.behaviours.get(self.name)
         client = Client(
             self.trust.config,
             f"client:{self.name}",
@@ -92,9 +102,16 @@ class OwnerSecureSum:
         what: str,
         options: dict[str, Any],
     ) -> list[Message]:
-        """This owner's contribution to a secure-sum round (see ``OwnerActor.dca_contribute``)."""
+        """This owner's contribution to a secure-sum round (see ``OwnerActor.dca_contribute``).
+
+        Refused (``ValueError`` naming the label and the violated bound; nothing is computed or
+        sent) unless the operator's plan admits ``spec``, ``what`` and ``options`` and the
+        label has a round left: whatever the relay asks, this owner's vector enters only rounds
+        at or above the plan's sigma, with the plan's clipping and shape, at most the plan's
+        count per label (protocol/securesum/plan.py)."""
         if self.client is None:
             raise RuntimeError(f"{self.name}: dca_contribute before dca_setup")
+        self.allowance.take(spec, what, options)
         row = contribution(records, spec, what, options, self.name, self.sketched)
         return self.client.contribute(spec, row[None, :], self.rng)
 

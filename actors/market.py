@@ -112,7 +112,7 @@ def _drive(
     faults = config.faults
     plan = FaultPlan(kill_at=dict(faults.kill), delay=dict(faults.slow))
     params = config.curator_params(inputs.gamma)
-    prep = prepare_secure(config, inputs.owners, inputs.gamma, snapshot)  # before any owner
+    prep = prepare_secure(config, inputs.owners, inputs.gamma, params, snapshot)  # before any owner
     market = spawn_market(
         inputs.owners,
         params,

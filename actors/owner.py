@@ -184,14 +184,14 @@ class OwnerActor:
         owner: str,
         config: DcaConfig,
         node_keys: dict[str, bytes],
-        behaviour: str | None = None,
     ) -> list[bytes]:
         """Become this owner's secure-sum client of the operator's session (once); return the
         registration frames. Node keys are checked against the fingerprints the operator gave
-        at construction (actors/dcaowner.py); ``behaviour`` simulates a colluder."""
+        at construction (actors/dcaowner.py), as are the plan and a simulated colluder's
+        behaviour: nothing the caller passes changes them."""
         hosted = self._owner(owner)
         try:
-            frames = _dca_of(hosted, owner).setup(config, node_keys, behaviour)
+            frames = _dca_of(hosted, owner).setup(config, node_keys)
         except (NodeKeyMismatch, RuntimeError, ValueError) as exc:  # take no part in it
             hosted.errors.append(f"dca_setup: {exc}")
             raise
@@ -207,7 +207,8 @@ class OwnerActor:
         sketch of the records (``options``: family parameters and width). ``sketch_delta``: the
         same over only the records added since the round ``options['base_rounds'][owner]``
         (the last released round this owner was counted in; every record if none), so
-        successive deltas cover disjoint record sets.
+        successive deltas cover disjoint record sets. Refused unless the operator's round plan
+        admits the round (actors/dcaowner.py).
         """
         hosted = self._owner(owner)
         frames = _dca_of(hosted, owner).contribute(hosted.party.records(), spec, what, options)

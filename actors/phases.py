@@ -19,7 +19,10 @@ from dpmarket.actors.config import MarketConfig
 from dpmarket.actors.dca import moments_sensitivity
 from dpmarket.actors.dcaowner import OperatorTrust
 from dpmarket.actors.runner import OwnerInputs, RayMarket, unique_actors
+from dpmarket.protocol.privacy.ledger import ADD_REMOVE
 from dpmarket.protocol.securesum.parties import DcaConfig
+from dpmarket.protocol.securesum.plan import SecureSumPlan
+from dpmarket.protocol.summary.params import CuratorParams
 from dpmarket.streams.synthetic import median_heuristic_gamma
 
 __all__ = ["SecurePrep", "prepare_secure", "progress", "secure_phases", "standardize"]
@@ -42,12 +45,15 @@ class SecurePrep:
 
 
 def prepare_secure(
-    config: MarketConfig, inputs: OwnerInputs, gamma: float, snapshot: Any
+    config: MarketConfig, inputs: OwnerInputs, gamma: float, params: CuratorParams, snapshot: Any
 ) -> SecurePrep | None:
     """The secure-sum session of a run, from the public config alone (None when the secure
     phases are off or the run resumes). Each node's X25519 key is made here, by the operator;
     its SHA-256 fingerprint goes into the trust anchors handed to the owners when they are
-    spawned (never through the curator, which relays the keys)."""
+    spawned (never through the curator, which relays the keys), with the round plan
+    (protocol/securesum/plan.py: normalise and scan once each, at most one refresh per
+    ``refresh_every`` epochs of the longest run ``params`` allows, each at its calibrated
+    sigma or more) and the simulated colluders' behaviour (``[faults].colluders``)."""
     from dpmarket.protocol.securesum.driver import _auto_frac_bits
     from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
 
@@ -84,26 +90,48 @@ def prepare_secure(
     for name in nodes:
         private, public = generate_keypair()
         node_keys[name], pins[name] = private.private_bytes_raw(), key_fingerprint(public)
+    sketch = {
+        "family": "l2",
+        "rows": int(rows),
+        "width": int(width),
+        "seed": int(config.seed),
+        "bandwidth": float(secure.get("bandwidth", 1.0 / np.sqrt(gamma))),
+    }
+    epochs = params.epoch_limit + params.explore_epochs(len(owners))
+    every = int(secure["refresh_every"])
+    refreshes = epochs // every + 1 if every > 0 else 0
+    d_sketch, sens_sketch = int(rows * width), float(np.sqrt(rows))
+    planned: dict[str, tuple[str, int, float, float, int, dict[str, Any]]] = {
+        "normalise": (
+            "moments",
+            2 * k + 1,
+            float(secure["eps_normalise"]),
+            moments_sensitivity(k, bound),
+            1,
+            {"bound": bound},
+        ),
+        "scan": ("sketch", d_sketch, float(secure["eps_scan"]), sens_sketch, 1, sketch),
+    }
+    if refreshes:
+        eps = float(secure["eps_refresh"])
+        planned["refresh"] = ("sketch_delta", d_sketch, eps, sens_sketch, refreshes, sketch)
+    rounds = SecureSumPlan.calibrated(
+        dca,
+        delta,
+        planned,
+        neighbouring=ADD_REMOVE,
+        per_round={"refresh": ("base_rounds",)},  # which records a delta covers
+    )
     plan = {
         "config": dca,
-        "behaviours": {o: "withhold" for o in config.faults.colluders},
+        "rounds": rounds,
         "n_features": k,
-        "bound": bound,
-        "eps_normalise": secure["eps_normalise"],
-        "eps_scan": secure["eps_scan"],
-        "refresh_every": secure["refresh_every"],
-        "eps_refresh": secure["eps_refresh"],
-        "delta": delta,
+        "refresh_every": every,
         "timeout": max(2.0, config.deadline_seconds),
-        "sketch": {
-            "family": "l2",
-            "rows": rows,
-            "width": width,
-            "seed": config.seed,
-            "bandwidth": secure.get("bandwidth", 1.0 / np.sqrt(gamma)),
-        },
+        "sketch": sketch,
     }
-    return SecurePrep(dca, node_keys, OperatorTrust(dca, pins), plan)
+    behaviours = {o: "withhold" for o in config.faults.colluders}  # a simulated fault
+    return SecurePrep(dca, node_keys, OperatorTrust(dca, pins, rounds, behaviours), plan)
 
 
 def secure_phases(
@@ -137,7 +165,8 @@ def secure_phases(
 def _spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     """Each compute node's actor gets its private key (made in :func:`prepare_secure`) and the
     owners' public keys, which the operator asks the owners for directly (never through the
-    curator): a registration under another key is refused at the node."""
+    curator): a registration under another key is refused at the node; and the round plan,
+    so a node opens no round below the plan's sigma floor or beyond its count."""
     import ray
 
     from dpmarket.actors.compute import ComputeNodeActor
@@ -146,7 +175,9 @@ def _spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     publics = ray.get([owners[o].dca_identity.remote(o) for o in dca.clients])
     client_keys = dict(zip(dca.clients, publics, strict=True))
     return {
-        name: ComputeNodeActor.remote(dca, name, prep.node_keys[name], client_keys)  # type: ignore[attr-defined]
+        name: ComputeNodeActor.remote(  # type: ignore[attr-defined]
+            dca, name, prep.node_keys[name], client_keys, prep.trust.plan
+        )
         for name in dca.nodes
     }
 

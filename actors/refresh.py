@@ -20,13 +20,13 @@ curator refusal cancels a round in flight before it can release (``Aggregator.ca
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 from dpmarket.actors.dca import DcaHub, record_for_owners
-from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
+from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.securesum.parties import RoundResult
+from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.streams.race.sketch import RaceRelease
 
 __all__ = ["PoolRefresher"]
@@ -66,20 +66,11 @@ class PoolRefresher:
     async def refresh(self, epoch: int, ledgers: dict[str, PrivacyLedger]) -> bool:
         """One delta round; on release, charge every owner and fold the delta into the pool.
         Returns whether anything was released (and charged)."""
-        plan, sk = self.plan, self.plan["sketch"]
-        rows, width = int(sk["rows"]), int(sk["width"])
+        rounds: SecureSumPlan = self.plan["rounds"]
         round_id, self.next_round = self.next_round, self.next_round + 1
-        spec = self.hub.config.spec(
-            round_id,
-            rows * width,
-            plan["eps_refresh"],
-            plan["delta"],
-            math.sqrt(rows),
-            label=REFRESH_LABEL,
-            neighbouring=ADD_REMOVE,
-        )
-        options = sk | {"base_rounds": dict(self.base)}
-        result = await self.hub.round(spec, "sketch_delta", options, plan["timeout"])
+        spec = rounds.spec("refresh", round_id)  # at the plan's floor: (eps_refresh, delta)
+        options = rounds.options("refresh") | {"base_rounds": dict(self.base)}
+        result = await self.hub.round(spec, "sketch_delta", options, self.plan["timeout"])
         entry: dict[str, Any] = {"epoch": epoch, "round": round_id, "status": result.status}
         if result.value is None:
             self.history.append(entry | {"reason": result.reason, "missing": list(result.missing)})
