@@ -23,7 +23,7 @@ import ray
 
 from dpmarket.actors.dca import DcaHub, DcaUnavailable, record_for_owners
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.actors.refresh import PoolRefresher
+from dpmarket.actors.refresh import PoolRefresher, finish_refresh, stop_after_refusal
 from dpmarket.actors.transport import FaultPlan, RayTransport
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
 from dpmarket.protocol.securesum.parties import DcaConfig, RoundResult
@@ -303,8 +303,8 @@ class CuratorActor:
         await transport.drive(
             curator, first, lambda: curator.state in ("done", "refused"), self._on_step
         )
-        if self._refresh_task is not None:  # let a refresh in flight finish (or time out)
-            await asyncio.wait([self._refresh_task])
+        # a refusal cancels a refresh in flight first; otherwise it may finish (or time out)
+        await finish_refresh(self._refresh_task, self._refresher, curator)
         self._checkpoint()
         payload = result_payload(curator.result(), curator, transport)
         payload["run_seconds"] = time.perf_counter() - started
@@ -319,8 +319,7 @@ class CuratorActor:
         if self._crash_at is not None and curator.epoch.number >= self._crash_at:
             os._exit(70)  # simulated crash: no cleanup, no reply
         busy = self._refresh_task is not None and not self._refresh_task.done()
-        if refresher is not None and curator.state == "refused":  # no release after a refusal
-            refresher.hub.aggregator.cancel(f"the run was refused: {curator.reason}")
+        stop_after_refusal(refresher, curator)  # no release after a refusal
         if refresher is None or busy or curator.state in ("done", "refused"):
             return
         if refresher.due(curator.epoch.number):

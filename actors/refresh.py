@@ -20,6 +20,7 @@ curator refusal cancels a round in flight before it can release (``Aggregator.ca
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,7 @@ from dpmarket.protocol.securesum.parties import RoundResult
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.streams.race.sketch import RaceRelease
 
-__all__ = ["PoolRefresher"]
+__all__ = ["PoolRefresher", "finish_refresh", "stop_after_refusal"]
 
 REFRESH_LABEL = "scan refresh (secure sum)"
 
@@ -91,3 +92,22 @@ class PoolRefresher:
             }
         )
         return True
+
+
+def stop_after_refusal(refresher: PoolRefresher | None, curator: Any) -> None:
+    """Once the curator has refused the run, cancel the refresh round in flight (if any): it
+    ends ``cancelled``, releasing nothing and charging nothing, and partials that arrive later
+    are only counted (``Aggregator.cancel``). No release follows a refusal."""
+    if refresher is not None and curator.state == "refused":
+        refresher.hub.aggregator.cancel(f"the run was refused: {curator.reason}")
+
+
+async def finish_refresh(
+    task: asyncio.Task[None] | None, refresher: PoolRefresher | None, curator: Any
+) -> None:
+    """At the end of a run: after a refusal, cancel the round in flight *before* waiting for
+    its task (:func:`stop_after_refusal`); otherwise let it finish (or time out)."""
+    if task is None:
+        return
+    stop_after_refusal(refresher, curator)
+    await asyncio.wait([task])
