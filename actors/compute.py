@@ -9,6 +9,7 @@ import ray
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from dpmarket.protocol.securesum.node import ComputeNode
+from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
@@ -21,7 +22,9 @@ class ComputeNodeActor:
     """Ray actor around one compute node of the secure sum. ``private_key`` (raw X25519 bytes)
     comes from the operator, who pins its fingerprint at the owners; ``client_keys`` are the
     owners' public keys the operator collected from them directly (registrations under another
-    key are refused). The private key goes nowhere but here."""
+    key are refused); ``plan`` the operator's round plan (protocol/securesum/plan.py: an open
+    below its sigma floor or beyond its count is refused). The private key goes nowhere but
+    here."""
 
     def __init__(
         self,
@@ -29,9 +32,10 @@ class ComputeNodeActor:
         name: str,
         private_key: bytes | None = None,
         client_keys: dict[str, bytes] | None = None,
+        plan: SecureSumPlan | None = None,
     ) -> None:
         key = X25519PrivateKey.from_private_bytes(private_key) if private_key else None
-        self._node = ComputeNode(config, name, key, client_keys)
+        self._node = ComputeNode(config, name, key, client_keys, plan=plan)
         self._guard = ReplayGuard()
         self.errors: list[str] = []
 

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import tempfile
 import time
@@ -22,11 +21,12 @@ import numpy as np
 import numpy.typing as npt
 import ray
 
-from dpmarket.actors.dca import DcaHub, DcaUnavailable, moments_sensitivity, record_for_owners
+from dpmarket.actors.dca import DcaHub, DcaUnavailable, record_for_owners
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.actors.refresh import PoolRefresher
+from dpmarket.actors.refresh import PoolRefresher, finish_refresh, stop_after_refusal
 from dpmarket.actors.transport import FaultPlan, RayTransport
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
+from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundResult
 from dpmarket.protocol.summary.curator import Curator, CuratorParams, SummaryResult
 from dpmarket.protocol.summary.journal import pool_rows, restore_curator, snapshot_curator
@@ -234,44 +234,27 @@ class CuratorActor:
         if self._resumed:
             return {"skipped": "resumed run: the secure-sum phases ran before"}
         config: DcaConfig = plan["config"]
+        rounds: SecureSumPlan = plan["rounds"]  # the operator's; owners and nodes hold it too
         hub = DcaHub(config, nodes, owners, PrivacyLedger("dca"))
         try:
-            await hub.setup(plan["behaviours"])
+            await hub.setup()
         except DcaUnavailable as exc:  # nothing was released, nothing is charged
             failed = {"status": "failed", "reason": str(exc)}
             return {"normalise": failed, "scan": failed, "errors": [str(exc)]}
-        k, bound = int(plan["n_features"]), float(plan["bound"])
+        k = int(plan["n_features"])
         out: dict[str, Any] = {
             "nodes": list(config.nodes),
             "tolerance": config.tolerance,
             "shares": config.shares,
         }
-        spec = config.spec(
-            1,
-            2 * k + 1,
-            plan["eps_normalise"],
-            plan["delta"],
-            moments_sensitivity(k, bound),
-            label="normalise",
-            neighbouring=ADD_REMOVE,
-        )
-        moments = await hub.round(spec, "moments", {"bound": bound}, plan["timeout"])
+        spec, timeout = rounds.spec("normalise", 1), plan["timeout"]
+        moments = await hub.round(spec, "moments", rounds.options("normalise"), timeout)
         record_for_owners(self._curator.ledgers, moments, "normalise (secure sum)")
         out["normalise"] = _moments_summary(moments, k)
         if (refused := self._refuse_short(moments, "secure sum: normalise")) is not None:
             return out | {"refused": refused}
         sk = plan["sketch"]
-        rows, width = int(sk["rows"]), int(sk["width"])
-        spec = config.spec(
-            2,
-            rows * width,
-            plan["eps_scan"],
-            plan["delta"],
-            math.sqrt(rows),
-            label="scan",
-            neighbouring=ADD_REMOVE,
-        )
-        counters = await hub.round(spec, "sketch", sk, plan["timeout"])
+        counters = await hub.round(rounds.spec("scan", 2), "sketch", sk, timeout)
         record_for_owners(self._curator.ledgers, counters, "scan (secure sum)")
         if (refused := self._refuse_short(counters, "secure sum: scan")) is not None:
             return out | {"normalise": out["normalise"], "refused": refused}
@@ -322,8 +305,8 @@ class CuratorActor:
         await transport.drive(
             curator, first, lambda: curator.state in ("done", "refused"), self._on_step
         )
-        if self._refresh_task is not None:  # let a refresh in flight finish (or time out)
-            await asyncio.wait([self._refresh_task])
+        # a refusal cancels a refresh in flight first; otherwise it may finish (or time out)
+        await finish_refresh(self._refresh_task, self._refresher, curator)
         self._checkpoint()
         payload = result_payload(curator.result(), curator, transport)
         payload["run_seconds"] = time.perf_counter() - started
@@ -338,8 +321,7 @@ class CuratorActor:
         if self._crash_at is not None and curator.epoch.number >= self._crash_at:
             os._exit(70)  # simulated crash: no cleanup, no reply
         busy = self._refresh_task is not None and not self._refresh_task.done()
-        if refresher is not None and curator.state == "refused":  # no release after a refusal
-            refresher.hub.aggregator.cancel(f"the run was refused: {curator.reason}")
+        stop_after_refusal(refresher, curator)  # no release after a refusal
         if refresher is None or busy or curator.state in ("done", "refused"):
             return
         if refresher.due(curator.epoch.number):

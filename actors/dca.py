@@ -86,7 +86,7 @@ class DcaHub:
                 else:
                     pending.extend(reply)
 
-    async def setup(self, behaviours: dict[str, str]) -> None:
+    async def setup(self) -> None:
         """Session set-up: node keys to owners, owners' registrations to nodes."""
         answers = await asyncio.gather(
             *(h.public_key.remote() for h in self.nodes.values()), return_exceptions=True
@@ -95,10 +95,7 @@ class DcaHub:
         if dead:
             raise DcaUnavailable(f"compute nodes unreachable: {dead}")
         keys = dict(zip(self.nodes, answers, strict=True))
-        calls = [
-            h.dca_setup.remote(o, self.config, keys, behaviours.get(o))
-            for o, h in self.owners.items()
-        ]
+        calls = [h.dca_setup.remote(o, self.config, keys) for o, h in self.owners.items()]
         frames = await asyncio.gather(*calls, return_exceptions=True)
         await self.route(
             [f for reply in frames if not isinstance(reply, BaseException) for f in reply]

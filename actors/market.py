@@ -29,7 +29,7 @@ from dpmarket.actors.curator import pool_file, read_pool_rows
 from dpmarket.actors.evaluation import svm_accuracy
 from dpmarket.actors.faults import FaultPlan, fault_verdicts
 from dpmarket.actors.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
-from dpmarket.actors.phases import progress, secure_phases, standardize
+from dpmarket.actors.phases import prepare_secure, progress, secure_phases, standardize
 from dpmarket.actors.preflight import RunPlan, plan_run
 from dpmarket.actors.randomness import public_generator
 from dpmarket.actors.report import CONSUMER_REPORT, mmd2_by_prefix, write_outputs
@@ -126,6 +126,8 @@ def _drive(
 
     faults = config.faults
     plan = FaultPlan(kill_at=dict(faults.kill), delay=dict(faults.slow))
+    # the secure-sum session, node keys and round plan exist before any owner actor does
+    prep = prepare_secure(config, inputs.owners, inputs.gamma, run_plan.params, snapshot)
     market = spawn_market(
         inputs.owners,
         run_plan.params,
@@ -135,6 +137,7 @@ def _drive(
         str(journal),
         snapshot,
         owners_per_actor=config.owners_per_actor,
+        dca=prep.trust if prep is not None else None,
     )
     try:
         if inputs.files is not None and inputs.schema is not None:
@@ -149,7 +152,7 @@ def _drive(
             wait_for_ingest(market.owners)
         if inputs.writer is not None:
             inputs.writer.start()
-        secure = secure_phases(config, inputs.owners, inputs.gamma, market, snapshot)
+        secure = secure_phases(config, prep, market, snapshot)
         if "refused" in secure:  # a secure round short of T: nothing after it runs
             refused: dict[str, Any] = secure["refused"]
             return refused

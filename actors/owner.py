@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import ray
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from dpmarket.actors.dcaowner import OperatorTrust, OwnerSecureSum
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.protocol.securesum.client import Client, NodeKeyMismatch
+from dpmarket.protocol.securesum.client import NodeKeyMismatch
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
@@ -64,13 +64,7 @@ class _Hosted:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     ingested: int = 0
     rejected: int = 0
-    dca: Client | None = None
-    dca_rng: np.random.Generator | None = None  # the owner's secure-sum noise (from dca_setup)
-    dca_identity: X25519PrivateKey | None = None  # its secure-sum key (public half pinned)
-    dca_pins: dict[str, str] | None = None  # node -> key fingerprint, from the operator
-    # secure-sum round -> how many of the owner's records (a prefix: records only grow at the
-    # end) its sketch contribution to that round covered; deltas start where a released one ended
-    sketched: dict[int, int] = field(default_factory=dict)
+    dca: OwnerSecureSum | None = None  # its secure-sum side, under the operator's trust
 
 
 OwnerData = tuple[npt.NDArray[np.float64] | int, npt.NDArray[np.float64] | None]
@@ -93,7 +87,10 @@ class OwnerActor:
         owners: dict[str, OwnerData],
         noise: NoiseSource,
         delays: dict[str, float] | None = None,
+        dca: OperatorTrust | None = None,
     ) -> None:
+        """``dca``: the operator's trust anchors for the secure sum (actors/dcaowner.py), given
+        here and nowhere else; without them the owner takes no part in a secure sum."""
         if not owners:
             raise ValueError("owners: an owner actor hosts at least one owner")
         delays = delays or {}
@@ -102,9 +99,10 @@ class OwnerActor:
         for name, (X, y) in owners.items():
             # an int means "no records yet, this many features": records arrive by ingestion
             X0 = np.zeros((0, X)) if isinstance(X, int) else X
-            self._hosted[name] = _Hosted(
-                Owner(name, run, X0, y), ReplayGuard(), delays.get(name, 0.0)
-            )
+            hosted = _Hosted(Owner(name, run, X0, y), ReplayGuard(), delays.get(name, 0.0))
+            if dca is not None:  # noise keyed in this process (OS entropy unless simulated)
+                hosted.dca = OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))
+            self._hosted[name] = hosted
 
     def _owner(self, name: str) -> _Hosted:
         hosted = self._hosted.get(name)
@@ -182,48 +180,27 @@ class OwnerActor:
 
     # ------------------------------------------------------------------ secure-sum client
     async def dca_identity(self, owner: str) -> bytes:
-        """Draw this owner's secure-sum X25519 key; return its public half for the operator to
-        pin at the compute nodes (asked by the driver directly, never through the curator)."""
-        hosted = self._owner(owner)
-        if hosted.dca_identity is None:
-            hosted.dca_identity = X25519PrivateKey.generate()
-        return hosted.dca_identity.public_key().public_bytes_raw()
-
-    async def dca_pin(self, owner: str, fingerprints: dict[str, str]) -> None:
-        """The compute nodes' key fingerprints, from the operator (the driver) directly: keys
-        that arrive later through the curator's relay must match them."""
-        self._owner(owner).dca_pins = dict(fingerprints)
+        """The public half of this owner's secure-sum X25519 key, for the operator to pin at the
+        compute nodes (asked by the driver directly, never through the curator)."""
+        return _dca_of(self._owner(owner), owner).public_key()
 
     async def dca_setup(
         self,
         owner: str,
         config: DcaConfig,
         node_keys: dict[str, bytes],
-        behaviour: str | None = None,
     ) -> list[bytes]:
-        """Become this owner's secure-sum client; return the registration frames. The owner's
-        share of the distributed noise comes from a generator keyed in this process by the
-        actor's NoiseSource (OS entropy unless the run simulates with reproducible noise);
-        ``behaviour`` simulates a colluder ("reveal" or "withhold" its noise)."""
-        hosted, name = self._owner(owner), owner
-        if hosted.dca_pins is None:
-            raise RuntimeError(f"{owner}: no pinned node fingerprints from the operator")
-        identity = [hosted.dca_identity] if hosted.dca_identity is not None else None
+        """Become this owner's secure-sum client of the operator's session (once); return the
+        registration frames. Node keys are checked against the fingerprints the operator gave
+        at construction (actors/dcaowner.py), as are the plan and a simulated colluder's
+        behaviour: nothing the caller passes changes them."""
+        hosted = self._owner(owner)
         try:
-            hosted.dca = Client(
-                config,
-                f"client:{name}",
-                node_keys,
-                (name,),
-                {name: behaviour} if behaviour else None,
-                pinned=hosted.dca_pins,
-                identity=identity,
-            )
-        except NodeKeyMismatch as exc:  # a relay swapped a key: take no part in the session
+            frames = _dca_of(hosted, owner).setup(config, node_keys)
+        except (NodeKeyMismatch, RuntimeError, ValueError) as exc:  # take no part in it
             hosted.errors.append(f"dca_setup: {exc}")
             raise
-        hosted.dca_rng = self._noise.generator(f"dca:{name}")
-        return [encode(m) for m in hosted.dca.start()]
+        return [encode(m) for m in frames]
 
     async def dca_contribute(
         self, owner: str, spec: RoundSpec, what: str, options: dict[str, Any]
@@ -235,39 +212,11 @@ class OwnerActor:
         sketch of the records (``options``: family parameters and width). ``sketch_delta``: the
         same over only the records added since the round ``options['base_rounds'][owner]``
         (the last released round this owner was counted in; every record if none), so
-        successive deltas cover disjoint record sets.
+        successive deltas cover disjoint record sets. Refused unless the operator's round plan
+        admits the round (actors/dcaowner.py).
         """
         hosted = self._owner(owner)
-        if hosted.dca is None or hosted.dca_rng is None:
-            raise RuntimeError(f"{owner}: dca_contribute before dca_setup")
-        X = hosted.party.records()
-        if what == "moments":
-            b = float(options["bound"])
-            Xc = np.clip(X, -b, b)
-            row = np.concatenate([Xc.sum(axis=0), (Xc**2).sum(axis=0), [float(len(Xc))]])
-        elif what in ("sketch", "sketch_delta"):
-            start = 0
-            if what == "sketch_delta":
-                base = options.get("base_rounds", {}).get(owner)
-                start = hosted.sketched.get(base, 0) if base is not None else 0
-            hosted.sketched[spec.round] = len(X)
-            X = X[start:]
-            sketch = RaceSketch(
-                make_family(
-                    options["family"],
-                    X.shape[1],
-                    int(options["rows"]),
-                    int(options["seed"]),
-                    bandwidth=float(options["bandwidth"]),
-                ),
-                int(options["width"]),
-            )
-            if len(X):
-                sketch.update(X.astype(np.float32))
-            row = sketch.counter_vector().astype(np.float64)
-        else:
-            raise ValueError(f"what: unknown contribution {what!r}")
-        frames = hosted.dca.contribute(spec, row[None, :], hosted.dca_rng)
+        frames = _dca_of(hosted, owner).contribute(hosted.party.records(), spec, what, options)
         return [encode(m) for m in frames]
 
     async def add_records(
@@ -289,6 +238,13 @@ class OwnerActor:
             "asks": party.asks,
             "errors": list(hosted.errors),
         }
+
+
+def _dca_of(hosted: _Hosted, owner: str) -> OwnerSecureSum:
+    """The owner's secure-sum side (a function, not an actor method: Ray would expose it)."""
+    if hosted.dca is None:
+        raise RuntimeError(f"{owner}: no secure-sum trust anchors from the operator")
+    return hosted.dca
 
 
 async def _follow(hosted: _Hosted, tailer: FileTailer) -> None:

@@ -1,44 +1,66 @@
 """The secure-sum phases of a market run (actors/market.py drives them before the epochs).
 
-The operator's side of the DCA: compute-node actors and their keys (each node's key made here
-and handed to its actor only; fingerprints and owners' keys pinned directly, never through the
-curator that relays), the normalise and scan rounds through the curator's hub (actors/dca.py),
+The operator's side of the DCA: the session and the compute nodes' keys, made before any owner
+actor is spawned (each node's key handed to its actor only; its fingerprint given to the owner
+actors at construction, owners' keys pinned at the nodes directly, never through the curator
+that relays), the normalise and scan rounds through the curator's hub (actors/dca.py),
 and the standardisation h1 uses afterwards (post-processing of the normalise release).
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from dpmarket.actors.config import MarketConfig
 from dpmarket.actors.dca import moments_sensitivity
+from dpmarket.actors.dcaowner import OperatorTrust
 from dpmarket.actors.runner import OwnerInputs, RayMarket, unique_actors
+from dpmarket.protocol.privacy.ledger import ADD_REMOVE
+from dpmarket.protocol.securesum.plan import SecureSumPlan
+from dpmarket.protocol.securesum.spec import DcaConfig
+from dpmarket.protocol.summary.params import CuratorParams
 from dpmarket.protocol.summary.snr import standardisation_verdict
 from dpmarket.streams.synthetic import median_heuristic_gamma
 
-__all__ = ["progress", "secure_phases", "standardize"]
+__all__ = ["SecurePrep", "prepare_secure", "progress", "secure_phases", "standardize"]
 
 
 def progress(line: str) -> None:
     print(f"\r{line:<78}", end="", file=sys.stderr, flush=True)
 
 
-def secure_phases(
-    config: MarketConfig, inputs: OwnerInputs, gamma: float, market: RayMarket, snapshot: Any
-) -> dict[str, Any]:
-    """Spawn the compute nodes and run normalise + scan through the curator's hub; with
-    ``[privacy].refresh_every`` the nodes stay up for the refresh rounds (actors/refresh.py)."""
-    import ray
+@dataclass
+class SecurePrep:
+    """The operator's secure-sum set-up, made before any owner actor exists: the session's
+    configuration, each compute node's private key (kept here until its actor is spawned), the
+    trust anchors every owner actor gets at construction, and the rounds' public parameters."""
 
+    config: DcaConfig
+    node_keys: dict[str, bytes]  # node -> raw X25519 private key (the operator's only)
+    trust: OperatorTrust
+    plan: dict[str, Any]
+
+
+def prepare_secure(
+    config: MarketConfig, inputs: OwnerInputs, gamma: float, params: CuratorParams, snapshot: Any
+) -> SecurePrep | None:
+    """The secure-sum session of a run, from the public config alone (None when the secure
+    phases are off or the run resumes). Each node's X25519 key is made here, by the operator;
+    its SHA-256 fingerprint goes into the trust anchors handed to the owners when they are
+    spawned (never through the curator, which relays the keys), with the round plan
+    (protocol/securesum/plan.py: normalise and scan once each, at most one refresh per
+    ``refresh_every`` epochs of the longest run ``params`` allows, each at its calibrated
+    sigma or more) and the simulated colluders' behaviour (``[faults].colluders``)."""
     from dpmarket.protocol.securesum.driver import _auto_frac_bits
-    from dpmarket.protocol.securesum.spec import DcaConfig
+    from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
 
     secure = config.secure
     if not secure["enabled"] or snapshot is not None:
-        return {"skipped": "disabled" if not secure["enabled"] else "resumed run"}
+        return None
     owners = list(inputs.owners)
     k = inputs.validation.shape[1]
     bound = float(config.data.get("bound", 10.0))
@@ -65,26 +87,64 @@ def secure_phases(
         shares=config.dca_shares,
         colluders=tuple(config.faults.colluders),  # they count against T in every round
     )
-    handles = _spawn_nodes(dca, market)
+    node_keys, pins = {}, {}
+    for name in nodes:
+        private, public = generate_keypair()
+        node_keys[name], pins[name] = private.private_bytes_raw(), key_fingerprint(public)
+    sketch = {
+        "family": "l2",
+        "rows": int(rows),
+        "width": int(width),
+        "seed": int(config.seed),
+        "bandwidth": float(secure.get("bandwidth", 1.0 / np.sqrt(gamma))),
+    }
+    epochs = params.epoch_limit + params.explore_epochs(len(owners))
+    every = int(secure["refresh_every"])
+    refreshes = epochs // every + 1 if every > 0 else 0
+    d_sketch, sens_sketch = int(rows * width), float(np.sqrt(rows))
+    planned: dict[str, tuple[str, int, float, float, int, dict[str, Any]]] = {
+        "normalise": (
+            "moments",
+            2 * k + 1,
+            float(secure["eps_normalise"]),
+            moments_sensitivity(k, bound),
+            1,
+            {"bound": bound},
+        ),
+        "scan": ("sketch", d_sketch, float(secure["eps_scan"]), sens_sketch, 1, sketch),
+    }
+    if refreshes:
+        eps = float(secure["eps_refresh"])
+        planned["refresh"] = ("sketch_delta", d_sketch, eps, sens_sketch, refreshes, sketch)
+    rounds = SecureSumPlan.calibrated(
+        dca,
+        delta,
+        planned,
+        neighbouring=ADD_REMOVE,
+        per_round={"refresh": ("base_rounds",)},  # which records a delta covers
+    )
     plan = {
         "config": dca,
-        "behaviours": {o: "withhold" for o in config.faults.colluders},
+        "rounds": rounds,
         "n_features": k,
-        "bound": bound,
-        "eps_normalise": secure["eps_normalise"],
-        "eps_scan": secure["eps_scan"],
-        "refresh_every": secure["refresh_every"],
-        "eps_refresh": secure["eps_refresh"],
-        "delta": delta,
+        "refresh_every": every,
         "timeout": max(2.0, config.deadline_seconds),
-        "sketch": {
-            "family": "l2",
-            "rows": rows,
-            "width": width,
-            "seed": config.seed,
-            "bandwidth": secure.get("bandwidth", 1.0 / np.sqrt(gamma)),
-        },
+        "sketch": sketch,
     }
+    behaviours = {o: "withhold" for o in config.faults.colluders}  # a simulated fault
+    return SecurePrep(dca, node_keys, OperatorTrust(dca, pins, rounds, behaviours), plan)
+
+
+def secure_phases(
+    config: MarketConfig, prep: SecurePrep | None, market: RayMarket, snapshot: Any
+) -> dict[str, Any]:
+    """Spawn the compute nodes and run normalise + scan through the curator's hub; with
+    ``[privacy].refresh_every`` the nodes stay up for the refresh rounds (actors/refresh.py)."""
+    import ray
+
+    if prep is None:
+        return {"skipped": "disabled" if not config.secure["enabled"] else "resumed run"}
+    handles = _spawn_nodes(prep, market)
     for name in config.faults.kill_compute:  # simulated compute-node crash
         if name in handles:
             ray.kill(handles[name], no_restart=True)
@@ -93,9 +153,9 @@ def secure_phases(
     progress("secure sums: normalise and scan")
     market.compute_nodes = handles  # killed with the market
     result: dict[str, Any] = ray.get(
-        market.curator.secure_phases.remote(handles, market.owners, plan)
+        market.curator.secure_phases.remote(handles, market.owners, prep.plan)
     )
-    if not secure["refresh_every"]:  # no refresh rounds later: the nodes can go now
+    if not config.secure["refresh_every"]:  # no refresh rounds later: the nodes can go now
         for handle in handles.values():
             ray.kill(handle)
         market.compute_nodes = {}
@@ -103,27 +163,24 @@ def secure_phases(
     return result
 
 
-def _spawn_nodes(dca: Any, market: RayMarket) -> dict[str, Any]:
-    """The operator's key handling: each compute node's X25519 key is made here and handed to
-    its actor only; its SHA-256 fingerprint goes to every owner directly (never through the
-    curator, which relays the keys); each owner's key is pinned at the nodes the same way."""
+def _spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
+    """Each compute node's actor gets its private key (made in :func:`prepare_secure`) and the
+    owners' public keys, which the operator asks the owners for directly (never through the
+    curator): a registration under another key is refused at the node; and the round plan,
+    so a node opens no round below the plan's sigma floor or beyond its count."""
     import ray
 
     from dpmarket.actors.compute import ComputeNodeActor
-    from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
 
-    owners = market.owners
+    owners, dca = market.owners, prep.config
     publics = ray.get([owners[o].dca_identity.remote(o) for o in dca.clients])
     client_keys = dict(zip(dca.clients, publics, strict=True))
-    handles, pins = {}, {}
-    for name in dca.nodes:
-        private, public = generate_keypair()
-        pins[name] = key_fingerprint(public)
-        handles[name] = ComputeNodeActor.remote(  # type: ignore[attr-defined]
-            dca, name, private.private_bytes_raw(), client_keys
+    return {
+        name: ComputeNodeActor.remote(  # type: ignore[attr-defined]
+            dca, name, prep.node_keys[name], client_keys, prep.trust.plan
         )
-    ray.get([owners[o].dca_pin.remote(o, pins) for o in dca.clients])
-    return handles
+        for name in dca.nodes
+    }
 
 
 def standardize(

@@ -20,16 +20,17 @@ curator refusal cancels a round in flight before it can release (``Aggregator.ca
 
 from __future__ import annotations
 
-import math
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from dpmarket.actors.dca import DcaHub, record_for_owners
-from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
+from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import RoundResult
 from dpmarket.streams.race.sketch import RaceRelease
 
-__all__ = ["PoolRefresher"]
+__all__ = ["PoolRefresher", "finish_refresh", "stop_after_refusal"]
 
 REFRESH_LABEL = "scan refresh (secure sum)"
 
@@ -66,20 +67,11 @@ class PoolRefresher:
     async def refresh(self, epoch: int, ledgers: dict[str, PrivacyLedger]) -> bool:
         """One delta round; on release, charge every owner and fold the delta into the pool.
         Returns whether anything was released (and charged)."""
-        plan, sk = self.plan, self.plan["sketch"]
-        rows, width = int(sk["rows"]), int(sk["width"])
+        rounds: SecureSumPlan = self.plan["rounds"]
         round_id, self.next_round = self.next_round, self.next_round + 1
-        spec = self.hub.config.spec(
-            round_id,
-            rows * width,
-            plan["eps_refresh"],
-            plan["delta"],
-            math.sqrt(rows),
-            label=REFRESH_LABEL,
-            neighbouring=ADD_REMOVE,
-        )
-        options = sk | {"base_rounds": dict(self.base)}
-        result = await self.hub.round(spec, "sketch_delta", options, plan["timeout"])
+        spec = rounds.spec("refresh", round_id)  # at the plan's floor: (eps_refresh, delta)
+        options = rounds.options("refresh") | {"base_rounds": dict(self.base)}
+        result = await self.hub.round(spec, "sketch_delta", options, self.plan["timeout"])
         entry: dict[str, Any] = {"epoch": epoch, "round": round_id, "status": result.status}
         if result.value is None:
             self.history.append(entry | {"reason": result.reason, "missing": list(result.missing)})
@@ -100,3 +92,22 @@ class PoolRefresher:
             }
         )
         return True
+
+
+def stop_after_refusal(refresher: PoolRefresher | None, curator: Any) -> None:
+    """Once the curator has refused the run, cancel the refresh round in flight (if any): it
+    ends ``cancelled``, releasing nothing and charging nothing, and partials that arrive later
+    are only counted (``Aggregator.cancel``). No release follows a refusal."""
+    if refresher is not None and curator.state == "refused":
+        refresher.hub.aggregator.cancel(f"the run was refused: {curator.reason}")
+
+
+async def finish_refresh(
+    task: asyncio.Task[None] | None, refresher: PoolRefresher | None, curator: Any
+) -> None:
+    """At the end of a run: after a refusal, cancel the round in flight *before* waiting for
+    its task (:func:`stop_after_refusal`); otherwise let it finish (or time out)."""
+    if task is None:
+        return
+    stop_after_refusal(refresher, curator)
+    await asyncio.wait([task])

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dpmarket.actors.dcaowner import OperatorTrust
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.summary.curator import Curator, CuratorParams, SummaryResult
@@ -132,8 +133,12 @@ def spawn_market(
     snapshot: dict[str, Any] | None = None,
     placement: dict[str, dict[str, float]] | None = None,
     owners_per_actor: int = 1,
+    dca: OperatorTrust | None = None,
 ) -> RayMarket:
     """Spawn one owner actor per owner and the curator actor (Ray must be connected).
+
+    ``dca`` is the operator's secure-sum trust anchors (actors/dcaowner.py): every owner actor
+    gets them at construction, the only way they reach an owner.
 
     The curator is pinned to this (the driver's) node so its journal lands where the driver can
     read it; ``placement`` maps an owner to Ray custom resources that pin it to nodes. Slow
@@ -150,7 +155,7 @@ def spawn_market(
     owners: dict[str, Any] = {}
     for group in owner_groups(list(inputs.owners), owners_per_actor, faults, placement):
         handle = OwnerActor.options(resources=placement.get(group[0], {})).remote(  # type: ignore[attr-defined]
-            run_id, {name: inputs.owners[name] for name in group}, noise, faults.delay
+            run_id, {name: inputs.owners[name] for name in group}, noise, faults.delay, dca
         )
         owners.update(dict.fromkeys(group, handle))
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)

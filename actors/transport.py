@@ -178,6 +178,8 @@ class RayTransport:
                     hosted = {o for o, h in self.handles.items() if h == handle}
                     self.dead.update(hosted)
                     outbox.extend(party.lose(hosted))
+                    if on_step is not None:  # a loss can refuse the run: the curator must see
+                        on_step()  # it (journal, cancel a refresh in flight) before the loop ends
                     continue
                 outbox.extend(self._receive(party, frames))
                 if on_step is not None:

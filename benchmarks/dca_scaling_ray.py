@@ -53,7 +53,6 @@ class ClientBatch:
         owner: str,
         config: DcaConfig,
         node_keys: dict[str, bytes],
-        behaviour: str | None = None,
     ) -> list[bytes]:
         """As the owner actor's ``dca_setup``: register every party, return the frames."""
         size = self.party_size
@@ -113,7 +112,7 @@ class RayCluster:
         self.loop = asyncio.new_event_loop()
         self.hub = DcaHub(self.cfg, self.node_actors, self.batches, PrivacyLedger("bench"))
         start = time.perf_counter()
-        self.loop.run_until_complete(self.hub.setup({}))
+        self.loop.run_until_complete(self.hub.setup())
         status = ray.get([h.status.remote() for h in self.node_actors.values()])
         self.setup_seconds = time.perf_counter() - start
         short = [s for s in status if s["registered"] != n or s["errors"]]

@@ -28,6 +28,7 @@ from dpmarket.protocol.securesum.client import Client
 from dpmarket.protocol.securesum.fixedpoint import choose_frac_bits, noise_tail_bound
 from dpmarket.protocol.securesum.messages import SharesBody
 from dpmarket.protocol.securesum.node import ComputeNode
+from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.sealing import key_fingerprint
 from dpmarket.protocol.securesum.spec import REPLACE_ONE, DcaConfig, RoundResult, RoundSpec
 from dpmarket.protocol.wire.codec import Message, ReplayGuard, decode, encode
@@ -66,6 +67,7 @@ class DcaSession:
     """A session: M compute nodes, an aggregator, the roster in client parties of ``batch``.
 
     Construction runs the session set-up (key pairs, X25519 per pair, registration frames).
+    ``plan`` (optional) is the operator's round plan, given to every compute node.
     """
 
     def __init__(
@@ -75,11 +77,12 @@ class DcaSession:
         batch: int = 64,
         behaviour: Mapping[str, str] | None = None,
         ledger: PrivacyLedger | None = None,
+        plan: SecureSumPlan | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         self.config, self.now = config, 0.0
-        self.nodes = {name: ComputeNode(config, name) for name in config.nodes}
+        self.nodes = {name: ComputeNode(config, name, plan=plan) for name in config.nodes}
         keys = {name: node.public_key for name, node in self.nodes.items()}
         pins = {name: key_fingerprint(key) for name, key in keys.items()}  # the operator's pins
         behaviour = dict(behaviour or {})

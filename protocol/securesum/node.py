@@ -3,7 +3,8 @@
 Transition table (state, kind) -> handler; anything else is refused with the state untouched::
 
     any        dca.register  check pinned client keys and proofs; derive the new pair keys
-    idle       dca.open      round r opens -> collecting (frames before this are refused)
+    idle       dca.open      round r opens -> collecting (frames before this are refused;
+                             so is an open the operator's plan does not admit)
     collecting dca.shares    open sealed frames, keep the valid rows; all expected in -> agreeing
     any        dca.seen      a peer's received set (for the open round, or the next one early)
     collecting expire(now >= deadline)                  -> agreeing, send own set to peers
@@ -48,6 +49,7 @@ from dpmarket.protocol.securesum.messages import (
     pack_set,
     unpack_set,
 )
+from dpmarket.protocol.securesum.plan import RoundAllowance, SecureSumPlan
 from dpmarket.protocol.securesum.sealing import (
     NONCE_BYTES,
     PUBLIC_KEY_BYTES,
@@ -102,11 +104,15 @@ class ComputeNode:
         name: str,
         private_key: X25519PrivateKey | None = None,
         client_keys: Mapping[str, bytes] | None = None,
+        *,
+        plan: SecureSumPlan | None = None,
     ) -> None:
         """``private_key``: the node's X25519 key as the operator made or loaded it (whose
         fingerprint the operator pins at the clients); a fresh one if None. ``client_keys``:
         the clients' public keys pinned by the operator (name -> raw key); a registration of
-        another key under a pinned name is refused."""
+        another key under a pinned name is refused. ``plan``: the operator's round plan; an
+        open it does not admit (sigma below the label's floor, the label's rounds used up) is
+        refused, so this node takes part in no round the plan does not allow."""
         if name not in config.nodes:
             raise ValueError(f"name: {name!r} is not one of the compute nodes {config.nodes}")
         self.config, self.name, self.run = config, name, config.run
@@ -116,6 +122,7 @@ class ComputeNode:
             self._private = private_key
             self.public_key = private_key.public_key().public_bytes_raw()
         self._client_keys = {c: bytes(k) for c, k in (client_keys or {}).items()}
+        self._allowance = RoundAllowance(plan) if plan is not None else None
         strangers = sorted(set(self._client_keys) - set(config.clients))
         if strangers:
             raise ValueError(f"client_keys: {strangers} are not clients of the roster")
@@ -226,6 +233,8 @@ class ComputeNode:
         try:
             spec = RoundSpec.from_open(msg.round, body)
             self.config.check_round(spec)
+            if self._allowance is not None:
+                self._allowance.take(spec)
         except ValueError as exc:
             raise RemoteProtocolError(f"dca.open: {exc}") from None
         received = np.zeros(self.config.n_clients, dtype=np.bool_)
