@@ -24,6 +24,10 @@ def test_embedded_run_terminal_report_and_skipped_standardisation(tmp_path: Path
         "privacy.eps_normalise": "0.1",  # sigma ~ 1000 against 1500 records: below 3 sigma
         "summary.auction_variant": '"paper"',  # named: runs, with a warning
         "summary.eps_auction": "0.05",  # the paper's: each step (0.05, 0.049)-DP
+        # the secure sum's noise decides whether the count clears 3 sigma: fixed, so the test
+        # is deterministic (the simulation switch; a deployed run draws it from the OS)
+        "run.reproducible_noise": "true",
+        "run.noise_seed": "3",
     }
     argv = [sys.executable, "-m", "dpmarket.actors.commands.main", "run"]
     argv += [str(ROOT / "configs" / "demo.toml"), "--out", str(out)]
@@ -38,6 +42,7 @@ def test_embedded_run_terminal_report_and_skipped_standardisation(tmp_path: Path
     warned = err.index('auction_variant = "paper" always asks the top bidder')
     assert warned < err.index("Ray: local")  # before the run starts
     assert "standardisation will likely be skipped" in err
+    assert "WARNING: reproducible_noise is on" in err
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     owner = report["privacy"]["parties"]["owner-1"]
     assert owner["pld"] == "inf" and "top bidder" in owner["note"]
