@@ -13,6 +13,7 @@ import pytest
 from dpmarket.actors.commands.evaluate import utility_json, utility_main, utility_table
 from dpmarket.actors.config import load_market_config
 from dpmarket.actors.evaluation import load_demo_config, paper_params
+from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.runner import run_inprocess
 from dpmarket.actors.utility import (
     evaluate_utility,
@@ -24,6 +25,7 @@ from dpmarket.protocol.summary.objective import greedy_exact, mmd2, uniform_samp
 from dpmarket.streams.synthetic import gaussian_mixture_shift
 
 DELTA = 1e-5
+SIMULATED = NoiseSource.reproducible(0)  # fixed noise: the comparisons below are deterministic
 KEYS = [
     "dataset", "mechanism", "p", "gap_closed", "mmd2_private", "mmd2_greedy", "mmd2_uniform",
     "svm_private", "svm_uniform", "svm_greedy", "eps_owner", "eps_validation", "delta",
@@ -76,7 +78,9 @@ def test_recommended_preset_meets_budgets_and_closes_most_of_the_gap() -> None:
 
 
 def test_rows_and_json_carry_the_issue_keys() -> None:
-    rows = evaluate_utility(["digits"], ["paper", "herding"], [8], [0], (1.0, 3.0, DELTA))
+    rows = evaluate_utility(
+        ["digits"], ["paper", "herding"], [8], [0], (1.0, 3.0, DELTA), noise=SIMULATED
+    )
     assert [(r["mechanism"], r["p"]) for r in rows] == [("paper", 8), ("herding", 8)]
     paper, herding = rows
     assert paper["eps_owner"] is None  # the paper's auction has no finite epsilon
@@ -92,7 +96,9 @@ def test_rows_and_json_carry_the_issue_keys() -> None:
 
 
 def test_select_rows_carry_the_random_purchase_baseline_of_the_same_size() -> None:
-    rows = evaluate_utility(["digits"], ["herding", "herding-select"], [10], [0], (1.0, 3.0, DELTA))
+    rows = evaluate_utility(
+        ["digits"], ["herding", "herding-select"], [10], [0], (1.0, 3.0, DELTA), noise=SIMULATED
+    )
     plain, selected = rows
     assert plain["mmd2_uniform_select"] is None and plain["svm_uniform_select"] is None
     assert selected["eps_owner"] <= 1.0 and selected["eps_validation"] <= 3.0
