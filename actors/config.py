@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpmarket.actors import config_checks as checks
+from dpmarket.actors.config_checks import ConfigError
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.spec import SHARE_MODES
 from dpmarket.protocol.summary.curator import CuratorParams
+from dpmarket.protocol.summary.params import ParamError
 
 __all__ = [
     "ConfigError",
@@ -25,10 +28,6 @@ __all__ = [
 ]
 
 _SCENARIOS = ("digits", "synthetic", "files")
-
-
-class ConfigError(ValueError):
-    """A configuration file that cannot be used, with the reason and the offending key."""
 
 
 def check_keys(section: str, table: dict[str, Any], allowed: set[str]) -> None:
@@ -154,15 +153,11 @@ class MarketConfig:
 
 
 def _int(path: str, key: str, value: object, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{path}: {key}: expected an integer >= {minimum}, got {value!r}")
-    return value
+    return checks.integer(path, key, value, minimum)
 
 
 def _number(path: str, key: str, value: object, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
-        raise ConfigError(f"{path}: {key}: expected a number in ({low}, {high}), got {value!r}")
-    return float(value)
+    return checks.number(path, key, value, low, high)
 
 
 def _choice(path: str, key: str, value: object, allowed: tuple[str, ...]) -> str:
@@ -203,12 +198,20 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     name = str(path)
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{name}:{line}: not UTF-8 text (byte "
+            f"{exc.start}: {exc.object[exc.start : exc.end]!r}); a TOML configuration must be UTF-8"
+        ) from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
     for item in sets or []:
         _apply_set(name, data, item)
     check_keys(f"{name}: top level", data, set(_MARKET_SECTIONS))
     for section, allowed in _MARKET_SECTIONS.items():
+        if not isinstance(data.get(section, {}), dict):
+            raise ConfigError(f"{name}: [{section}]: expected a table, got {data[section]!r}")
         check_keys(f"{name}: {section}", data.get(section, {}), allowed)
     run, market = data.get("run", {}), data.get("market", {})
     source = data.get("data", {}).get("source", "synthetic")
@@ -216,8 +219,8 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         raise ConfigError(f"{name}: [data].source: {source!r} is not one of {list(_SCENARIOS)}")
     K = _int(name, "[market].owners", market.get("owners", 5), 1)
     T = _int(name, "[market].tolerance", market.get("tolerance", 1), 0)
-    if T >= K:
-        raise ConfigError(f"{name}: [market].tolerance: T = {T} must be below owners = {K}")
+    checks.check_market(name, K, T)
+    checks.check_run(name, run)
     owners = tuple(f"owner-{k + 1}" for k in range(K))
     reproducible = run.get("reproducible_noise", False)
     if not isinstance(reproducible, bool):
@@ -238,10 +241,15 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
             "(m and q are published, so it would under-charge the releases of private data)"
         )
     _check_data(name, source, data.get("data", {}), owners, Path(path).parent)
+    p = _int(name, "[market].summary_size", market.get("summary_size", 50), 1)
+    seed = _int(name, "[run].seed", run.get("seed", 0), 0)
+    checks.check_data_keys(name, source, data.get("data", {}), K, p, seed)
+    M = _int(name, "[market].compute_nodes", market.get("compute_nodes", 3), 1)
+    checks.check_faults(name, data.get("faults", {}), owners, M)
     config = MarketConfig(
         source=source,
         name=str(run.get("name", Path(path).stem)),
-        seed=_int(name, "[run].seed", run.get("seed", 0), 0),
+        seed=seed,
         reproducible_noise=reproducible,
         noise_seed=_int(name, "[run].noise_seed", run.get("noise_seed", 0), 0),
         out=str(run.get("out", f"out/{Path(path).stem}")),
@@ -249,7 +257,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
             name, "[run].deadline_seconds", run.get("deadline_seconds", 5.0), 0.0, 3600.0
         ),
         owners=K,
-        compute_nodes=_int(name, "[market].compute_nodes", market.get("compute_nodes", 3), 1),
+        compute_nodes=M,
         owners_per_actor=_int(
             name, "[market].owners_per_actor", market.get("owners_per_actor", 1), 1
         ),
@@ -257,7 +265,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
             name, "[market].dca_shares", market.get("dca_shares", "derived"), SHARE_MODES
         ),
         tolerance=T,
-        summary_size=_int(name, "[market].summary_size", market.get("summary_size", 50), 1),
+        summary_size=p,
         data={k: v for k, v in data.get("data", {}).items() if k != "source"},
         delta=_number(
             name, "[privacy].delta", data.get("privacy", {}).get("delta", 1e-5), 0.0, 1.0
@@ -269,6 +277,8 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     )
     try:
         config.curator_params(gamma=1.0)
+    except ParamError as exc:
+        raise checks.summary_error(name, exc) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name}: [summary]: {exc}") from None
     return config
@@ -293,6 +303,7 @@ def _secure(path: str, privacy: dict[str, Any], sketch: dict[str, Any]) -> dict[
         "rows": _int(path, "[sketch].rows", sketch.get("rows", 50), 1),
         "width": _int(path, "[sketch].width", sketch.get("width", 256), 2),
     }
+    checks.check_sketch(path, out["rows"], out["width"])
     out["eps_refresh"] = _number(
         path, "[privacy].eps_refresh", privacy.get("eps_refresh", out["eps_scan"]), 0.0, 100.0
     )
