@@ -15,7 +15,7 @@ import numpy as np
 
 from dpmarket.actors.config import MarketConfig
 from dpmarket.actors.dca import moments_sensitivity
-from dpmarket.actors.runner import OwnerInputs, RayMarket, unique_actors
+from dpmarket.actors.runner import OwnerInputs, RayMarket, actor_options, unique_actors
 from dpmarket.streams.synthetic import median_heuristic_gamma
 
 __all__ = ["progress", "secure_phases", "standardize"]
@@ -118,9 +118,9 @@ def _spawn_nodes(dca: Any, market: RayMarket) -> dict[str, Any]:
     for name in dca.nodes:
         private, public = generate_keypair()
         pins[name] = key_fingerprint(public)
-        handles[name] = ComputeNodeActor.remote(  # type: ignore[attr-defined]
-            dca, name, private.private_bytes_raw(), client_keys
-        )
+        handles[name] = ComputeNodeActor.options(  # type: ignore[attr-defined]
+            **actor_options(market.run_id, name)
+        ).remote(dca, name, private.private_bytes_raw(), client_keys)
     ray.get([owners[o].dca_pin.remote(o, pins) for o in dca.clients])
     return handles
 
