@@ -7,14 +7,18 @@ falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpmarket.actors import config_checks as checks
+from dpmarket.actors.config_checks import ConfigError
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.spec import SHARE_MODES
 from dpmarket.protocol.summary.curator import CuratorParams
+from dpmarket.protocol.summary.params import ParamError
 from dpmarket.protocol.summary.plan import plan_releases
 
 __all__ = [
@@ -27,10 +31,6 @@ __all__ = [
 
 _SCENARIOS = ("digits", "synthetic", "files")
 PLAN_EPS_OWNER, PLAN_EPS_VALIDATION = 1.0, 3.0  # the default plan's budgets (at [privacy].delta)
-
-
-class ConfigError(ValueError):
-    """A configuration file that cannot be used, with the reason and the offending key."""
 
 
 def check_keys(section: str, table: dict[str, Any], allowed: set[str]) -> None:
@@ -145,7 +145,15 @@ class MarketConfig:
         d (from m), the validation noise, clip norm and ``max_epochs`` (from p). A
         ``[summary].eps_validation`` re-plans the Gaussian validation release at that budget.
         """
-        eps_validation = float(self.overrides.get("eps_validation", PLAN_EPS_VALIDATION))
+        eps_validation = self.overrides.get("eps_validation", PLAN_EPS_VALIDATION)
+        if (
+            isinstance(eps_validation, bool)
+            or not isinstance(eps_validation, int | float)
+            or not (math.isfinite(eps_validation) and eps_validation > 0)
+        ):
+            raise ParamError(
+                "eps_validation", f"expected a finite number > 0, got {eps_validation!r}"
+            )
         plan = plan_releases(
             max(2, self.summary_size),
             m,
@@ -175,15 +183,11 @@ class MarketConfig:
 
 
 def _int(path: str, key: str, value: object, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{path}: {key}: expected an integer >= {minimum}, got {value!r}")
-    return value
+    return checks.integer(path, key, value, minimum)
 
 
 def _number(path: str, key: str, value: object, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
-        raise ConfigError(f"{path}: {key}: expected a number in ({low}, {high}), got {value!r}")
-    return float(value)
+    return checks.number(path, key, value, low, high)
 
 
 def _choice(path: str, key: str, value: object, allowed: tuple[str, ...]) -> str:
@@ -224,12 +228,20 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     name = str(path)
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{name}:{line}: not UTF-8 text (byte "
+            f"{exc.start}: {exc.object[exc.start : exc.end]!r}); a TOML configuration must be UTF-8"
+        ) from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
     for item in sets or []:
-        _apply_set(name, data, item)
+        checks.apply_set(data, item)
     check_keys(f"{name}: top level", data, set(_MARKET_SECTIONS))
     for section, allowed in _MARKET_SECTIONS.items():
+        if not isinstance(data.get(section, {}), dict):
+            raise ConfigError(f"{name}: [{section}]: expected a table, got {data[section]!r}")
         check_keys(f"{name}: {section}", data.get(section, {}), allowed)
     run, market = data.get("run", {}), data.get("market", {})
     source = data.get("data", {}).get("source", "synthetic")
@@ -237,8 +249,8 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         raise ConfigError(f"{name}: [data].source: {source!r} is not one of {list(_SCENARIOS)}")
     K = _int(name, "[market].owners", market.get("owners", 5), 1)
     T = _int(name, "[market].tolerance", market.get("tolerance", 1), 0)
-    if T >= K:
-        raise ConfigError(f"{name}: [market].tolerance: T = {T} must be below owners = {K}")
+    checks.check_market(name, K, T)
+    checks.check_run(name, run)
     owners = tuple(f"owner-{k + 1}" for k in range(K))
     reproducible = run.get("reproducible_noise", False)
     if not isinstance(reproducible, bool):
@@ -259,10 +271,15 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
             "(m and q are published, so it would under-charge the releases of private data)"
         )
     _check_data(name, source, data.get("data", {}), owners, Path(path).parent)
+    p = _int(name, "[market].summary_size", market.get("summary_size", 50), 1)
+    seed = _int(name, "[run].seed", run.get("seed", 0), 0)
+    checks.check_data_keys(name, source, data.get("data", {}), K, p, seed)
+    M = _int(name, "[market].compute_nodes", market.get("compute_nodes", 3), 1)
+    checks.check_faults(name, data.get("faults", {}), owners, M)
     config = MarketConfig(
         source=source,
         name=str(run.get("name", Path(path).stem)),
-        seed=_int(name, "[run].seed", run.get("seed", 0), 0),
+        seed=seed,
         reproducible_noise=reproducible,
         noise_seed=_int(name, "[run].noise_seed", run.get("noise_seed", 0), 0),
         out=str(run.get("out", f"out/{Path(path).stem}")),
@@ -270,7 +287,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
             name, "[run].deadline_seconds", run.get("deadline_seconds", 5.0), 0.0, 3600.0
         ),
         owners=K,
-        compute_nodes=_int(name, "[market].compute_nodes", market.get("compute_nodes", 3), 1),
+        compute_nodes=M,
         owners_per_actor=_int(
             name, "[market].owners_per_actor", market.get("owners_per_actor", 1), 1
         ),
@@ -278,7 +295,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
             name, "[market].dca_shares", market.get("dca_shares", "derived"), SHARE_MODES
         ),
         tolerance=T,
-        summary_size=_int(name, "[market].summary_size", market.get("summary_size", 50), 1),
+        summary_size=p,
         data={k: v for k, v in data.get("data", {}).items() if k != "source"},
         delta=_number(
             name, "[privacy].delta", data.get("privacy", {}).get("delta", 1e-5), 0.0, 1.0
@@ -291,6 +308,8 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     m = config.data.get("n_validation", 500)  # m is known at run time; any m checks the keys
     try:
         config.curator_params(gamma=1.0, m=m if isinstance(m, int) and m >= 1 else 500)
+    except ParamError as exc:
+        raise checks.summary_error(name, exc) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{name}: [summary]: {exc}") from None
     return config
@@ -315,6 +334,7 @@ def _secure(path: str, privacy: dict[str, Any], sketch: dict[str, Any]) -> dict[
         "rows": _int(path, "[sketch].rows", sketch.get("rows", 50), 1),
         "width": _int(path, "[sketch].width", sketch.get("width", 256), 2),
     }
+    checks.check_sketch(path, out["rows"], out["width"])
     out["eps_refresh"] = _number(
         path, "[privacy].eps_refresh", privacy.get("eps_refresh", out["eps_scan"]), 0.0, 100.0
     )
@@ -363,23 +383,3 @@ def _check_data(
         target = data.get(key)
         if not isinstance(target, str) or not (base / target).is_file():
             raise ConfigError(f"{path}: [data].{key}: file {target!r} not found")
-
-
-def _apply_set(path: str, data: dict[str, Any], item: str) -> None:
-    """Apply one ``section.key=value`` (or ``section.table.key=value``) override; the value is
-    parsed as TOML, a bare word is taken as a string."""
-    key, sep, raw = item.partition("=")
-    parts = [p.strip() for p in key.split(".")]
-    if not sep or len(parts) < 2 or not all(parts):
-        raise ConfigError(f"--set {item!r}: expected section.key=value")
-    try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    table = data
-    for part in parts[:-1]:
-        nested = table.setdefault(part, {})
-        if not isinstance(nested, dict):
-            raise ConfigError(f"--set {item!r}: {part} is not a table")
-        table = nested
-    table[parts[-1]] = value

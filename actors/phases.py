@@ -18,7 +18,7 @@ import numpy as np
 from dpmarket.actors.config import MarketConfig
 from dpmarket.actors.dca import moments_sensitivity
 from dpmarket.actors.dcaowner import OperatorTrust
-from dpmarket.actors.runner import OwnerInputs, RayMarket, unique_actors
+from dpmarket.actors.runner import OwnerInputs, RayMarket, actor_options, unique_actors
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig
@@ -176,9 +176,9 @@ def _spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     publics = ray.get([owners[o].dca_identity.remote(o) for o in dca.clients])
     client_keys = dict(zip(dca.clients, publics, strict=True))
     return {
-        name: ComputeNodeActor.remote(  # type: ignore[attr-defined]
-            dca, name, prep.node_keys[name], client_keys, prep.trust.plan
-        )
+        name: ComputeNodeActor.options(  # type: ignore[attr-defined]
+            **actor_options(market.run_id, name)
+        ).remote(dca, name, prep.node_keys[name], client_keys, prep.trust.plan)
         for name in dca.nodes
     }
 

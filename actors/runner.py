@@ -26,6 +26,7 @@ __all__ = [
     "InProcessRun",
     "OwnerInputs",
     "RayMarket",
+    "actor_options",
     "baselines",
     "owner_groups",
     "run_inprocess",
@@ -115,6 +116,7 @@ class RayMarket:
     curator: Any
     spawn_curator: Any  # Callable[[snapshot | None], curator handle]
     compute_nodes: dict[str, Any] = field(default_factory=dict)  # alive while the run needs them
+    run_id: str = "run"  # names the actors: actor_options(run_id, role)
 
     def kill_all(self) -> None:
         import ray
@@ -154,14 +156,17 @@ def spawn_market(
     inputs = scenario if isinstance(scenario, OwnerInputs) else OwnerInputs.of(scenario)
     owners: dict[str, Any] = {}
     for group in owner_groups(list(inputs.owners), owners_per_actor, faults, placement):
-        handle = OwnerActor.options(resources=placement.get(group[0], {})).remote(  # type: ignore[attr-defined]
-            run_id, {name: inputs.owners[name] for name in group}, noise, faults.delay, dca
-        )
+        role = group[0] if len(group) == 1 else "owners-" + "-".join(_number(n) for n in group)
+        handle = OwnerActor.options(  # type: ignore[attr-defined]
+            resources=placement.get(group[0], {}), **actor_options(run_id, role)
+        ).remote(run_id, {name: inputs.owners[name] for name in group}, noise, faults.delay, dca)
         owners.update(dict.fromkeys(group, handle))
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
     def spawn_curator(snap: dict[str, Any] | None) -> Any:
-        return CuratorActor.options(scheduling_strategy=here).remote(  # type: ignore[attr-defined]
+        return CuratorActor.options(  # type: ignore[attr-defined]
+            scheduling_strategy=here, **actor_options(run_id, "curator")
+        ).remote(
             run_id,
             list(inputs.owners),
             inputs.validation,
@@ -172,7 +177,33 @@ def spawn_market(
             snap,
         )
 
-    return RayMarket(owners, spawn_curator(snapshot), spawn_curator)
+    return RayMarket(owners, spawn_curator(snapshot), spawn_curator, run_id=run_id)
+
+
+def actor_options(run_id: str, role: str) -> dict[str, str]:
+    """The Ray name and namespace of one of a run's actors: ``dpmarket:RUN:ROLE`` in namespace
+    ``dpmarket-RUN`` (roles ``owner-3``, ``owners-1-2`` for co-located owners, ``compute-2``,
+    ``curator``), so a second driver finds it with ``ray.get_actor(name, namespace=...)``.
+
+    Ray frees a name when its actor dies, so a respawned curator takes the name again; while a
+    live actor still holds it (a curator not yet torn down, or another run of the same name)
+    the attempt is appended: ``dpmarket:RUN:curator#2``.
+    """
+    import ray
+
+    namespace, base = f"dpmarket-{run_id}", f"dpmarket:{run_id}:{role}"
+    name, attempt = base, 1
+    while True:
+        try:
+            ray.get_actor(name, namespace=namespace)
+        except ValueError:  # nobody holds the name
+            return {"name": name, "namespace": namespace}
+        attempt += 1
+        name = f"{base}#{attempt}"
+
+
+def _number(owner: str) -> str:
+    return owner.removeprefix("owner-")
 
 
 def owner_groups(

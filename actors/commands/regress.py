@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -37,9 +38,17 @@ def _load(name: str) -> tuple[np.ndarray, np.ndarray]:
         y = (y - y.mean()) / max(float(np.ptp(y)), 1e-12) * 10
     else:
         try:
-            raw = np.loadtxt(name, delimiter=",", ndmin=2)
+            with warnings.catch_warnings():  # an empty file: refused below, by name
+                warnings.simplefilter("ignore", UserWarning)
+                raw = np.loadtxt(name, delimiter=",", ndmin=2)
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"--data {name}: not UTF-8 text (byte {exc.start}); expected a numeric CSV"
+            ) from None
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--data {name}: cannot read a numeric CSV ({exc})") from None
+        if raw.size == 0:
+            raise ConfigError(f"--data {name}: holds no records")
         if raw.shape[1] < 2:
             raise ConfigError(f"--data {name}: need feature columns and a last target column")
         # private records: no statistic of the data may shape them (a mean or range computed
@@ -51,9 +60,24 @@ def _load(name: str) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    """Every option in range before any data is read or noise drawn, named in the message."""
+    finite = {"--eps": args.eps, "--feature-bound": args.feature_bound}
+    finite["--target-bound"] = args.target_bound
+    for flag, value in finite.items():
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{flag}: expected a finite number > 0, got {value!r}")
+    for flag, value in (("--delta", args.delta), ("--test-fraction", args.test_fraction)):
+        if not 0 < value < 1:
+            raise ConfigError(f"{flag}: expected a number in (0, 1), got {value!r}")
+    if args.nodes < 2:
+        raise ConfigError(f"--nodes: expected an integer >= 2 compute nodes, got {args.nodes}")
+    if args.colluders < 0:
+        raise ConfigError(f"--colluders: expected an integer >= 0, got {args.colluders}")
+
+
 def _regress(args: argparse.Namespace) -> int:
-    if not (args.eps > 0 and 0 < args.delta < 1):
-        raise ConfigError("--eps must be > 0 and --delta in (0, 1)")
+    _check_args(args)
     if args.reproducible_noise and args.data != "diabetes":
         raise ConfigError(
             f"--reproducible-noise: refused with --data {args.data} (noise from a public seed "
@@ -69,8 +93,12 @@ def _regress(args: argparse.Namespace) -> int:
     rng = noise.generator("regress")
     cut = int(len(x) * (1 - args.test_fraction))
     train, test = order[:cut], order[cut:]
-    if not (args.feature_bound > 0 and args.target_bound > 0):
-        raise ConfigError("--feature-bound and --target-bound must be > 0")
+    if len(test) < 1 or len(train) < args.colluders + 2:
+        raise ConfigError(
+            f"--data {args.data}: {len(x)} records give {len(train)} training clients and "
+            f"{len(test)} test records at --test-fraction {args.test_fraction}; the secure sum "
+            f"needs at least --colluders + 2 = {args.colluders + 2} clients and a test record"
+        )
     cfg = RegressionConfig(feature_bound=args.feature_bound, target_bound=args.target_bound)
     ledger = PrivacyLedger("clients")
     post = fit_dca(

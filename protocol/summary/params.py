@@ -10,22 +10,124 @@ field is named in the error.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from dpmarket.protocol.summary.selection import FINAL_SELECTIONS
+from dpmarket.protocol.wire.checks import MAX_ARRAY_BYTES
 
 __all__ = [
     "CANDIDATE_DISTRIBUTIONS",
+    "MAX_D",
     "SUMMARY_RELEASES",
     "VALIDATION_RELEASES",
     "CuratorParams",
+    "ParamError",
 ]
 
 VALIDATION_RELEASES = ("mwem", "gaussian")
 SUMMARY_RELEASES = ("mwem", "gaussian", "tree", "herding")
 CANDIDATE_DISTRIBUTIONS = ("gaussian", "uniform")
+
+
+# The largest d: g_tilde, g_l and a hashed point are d-vectors of float64 in one frame.
+MAX_D = MAX_ARRAY_BYTES // 8
+
+
+class ParamError(ValueError):
+    """An invalid :class:`CuratorParams` field; ``field`` names it (the config layer maps it to
+    the key a user wrote)."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"CuratorParams.{field}: {detail}")
+        self.field, self.detail = field, detail
+
+
+# field -> (kind, low, high, low_open, optional): "int" is an integer in [low, high]; "real" a
+# finite number in [low, high] ((low, high] with low_open); "bool"; a tuple: one of its names.
+_Spec = tuple[Any, float, float, bool, bool]
+_INF = math.inf
+_FIELD_CHECKS: dict[str, _Spec] = {
+    "p": ("int", 1, _INF, False, False),
+    "d": ("int", 1, _INF, False, False),
+    "gamma": ("real", 0, _INF, True, False),
+    "h1_seed": ("int", 0, 2**64 - 1, False, False),
+    "eps_validation": ("real", 0, _INF, True, False),
+    "validation_iterations": ("int", 1, _INF, False, False),
+    "seed_iterations": ("int", 1, _INF, False, False),
+    "eps_seed": ("real", 0, _INF, True, False),
+    "eps_summary": ("real", 0, _INF, True, False),
+    "summary_iterations": ("int", 1, _INF, False, False),
+    "eta": ("real", 0, 2, True, True),
+    "warm_start": ("bool", 0, 0, False, False),
+    "eps_auction": ("real", 0, _INF, True, False),
+    "auction_variant": (("paper", "pure"), 0, 0, False, False),
+    "tau": ("int", 1, _INF, False, False),
+    "phase_timeout": ("real", 0, _INF, True, False),
+    "max_epochs": ("int", 1, _INF, False, True),
+    "less_trusted": ("bool", 0, 0, False, False),
+    "verify_tolerance": ("real", 0, _INF, False, False),
+    "neighbouring": (("add_remove", "replace"), 0, 0, False, False),
+    "max_deliveries": ("int", 1, _INF, False, False),
+    "max_lost": ("int", 0, _INF, False, True),
+    "known_colluders": ("int", 0, _INF, False, False),
+    "validation_release": (VALIDATION_RELEASES, 0, 0, False, False),
+    "summary_release": (SUMMARY_RELEASES, 0, 0, False, False),
+    "validation_sigma": ("real", 0, _INF, True, False),
+    "summary_sigma": ("real", 0, _INF, True, False),
+    "clip_norm": ("real", 0, math.sqrt(2.0) + 1e-12, True, False),
+    "n_candidates": ("int", 1, MAX_D, False, False),
+    "candidate_distribution": (CANDIDATE_DISTRIBUTIONS, 0, 0, False, False),
+    "candidate_center": ("real", -_INF, _INF, False, False),
+    "candidate_scale": ("real", 0, _INF, True, False),
+    "herding_residual_weight": ("real", 0, _INF, False, False),
+    "herding_ascent_steps": ("int", 0, _INF, False, False),
+    "final_selection": (FINAL_SELECTIONS, 0, 0, False, False),
+    "explore_share": ("real", 0, _INF, False, False),
+}
+_RELATIONS = {
+    "d": "expected an integer in 1..{max_d} (a d-vector of float64 fills one frame's array "
+    "limit), got {self.d!r}",
+    "eta": "2 / eta must be a whole number (the quantisation grid), got {self.eta!r}",
+    "explore_share": "{self.explore_share!r} > 0 needs final_selection = 'exact'",
+    "scale": "center and scale must be given together, scale > 0",
+}
+
+
+def _problem(
+    value: object, kind: Any, low: float, high: float, low_open: bool, optional: bool
+) -> str | None:
+    """What is wrong with ``value`` under its spec (``None``: nothing)."""
+    if value is None and optional:
+        return None
+    if kind == "bool":
+        return None if isinstance(value, bool) else f"expected true or false, got {value!r}"
+    if isinstance(kind, tuple):
+        if isinstance(value, str) and value in kind:
+            return None
+        return f"expected one of {list(kind)}, got {value!r}"
+    if kind == "int":
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+        if ok and low <= value <= high:  # type: ignore[operator]
+            return None
+        top = "" if high == _INF else f" and <= {high:g}"
+        return f"expected an integer >= {low:g}{top}, got {value!r}"
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        x = float(value)
+        if math.isfinite(x) and (low < x if low_open else low <= x) and x <= high:
+            return None
+    bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+    if high == _INF:
+        bounds = f"{'> ' if low_open else '>= '}{low:g}"
+    return f"expected a finite number {bounds}, got {value!r}"
+
+
+def _divides_two(eta: float) -> bool:
+    steps = round(2.0 / eta)
+    return abs(steps * eta - 2.0) <= 1e-9
 
 
 @dataclass(frozen=True)
@@ -86,44 +188,28 @@ class CuratorParams:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, tuple(float(v) for v in value))
-        checks = {
-            "p": self.p >= 1,
-            "d": self.d >= 1,
-            "gamma": self.gamma > 0,
-            "eps_validation": self.eps_validation > 0,
-            "eps_summary": self.eps_summary > 0,
-            "eps_auction": self.eps_auction > 0,
-            "eps_seed": self.eps_seed > 0,
-            "validation_iterations": self.validation_iterations >= 1,
-            "seed_iterations": self.seed_iterations >= 1,
-            "summary_iterations": self.summary_iterations >= 1,
-            "tau": self.tau >= 1,
-            "max_deliveries": self.max_deliveries >= 1,
-            "max_lost": self.max_lost is None or self.max_lost >= 0,
-            "known_colluders": self.known_colluders >= 0,
-            "phase_timeout": self.phase_timeout > 0,
-            "auction_variant": self.auction_variant in ("paper", "pure"),
-            "neighbouring": self.neighbouring in ("add_remove", "replace"),
-            "validation_release": self.validation_release in VALIDATION_RELEASES,
-            "summary_release": self.summary_release in SUMMARY_RELEASES,
-            "validation_sigma": self.validation_sigma > 0,
-            "summary_sigma": self.summary_sigma > 0,
-            "clip_norm": 0 < self.clip_norm <= np.sqrt(2.0) + 1e-12,
-            "n_candidates": self.n_candidates >= 1,
-            "candidate_distribution": self.candidate_distribution in CANDIDATE_DISTRIBUTIONS,
-            "candidate_scale": self.candidate_scale > 0,
-            "herding_residual_weight": self.herding_residual_weight >= 0,
-            "herding_ascent_steps": self.herding_ascent_steps >= 0,
-            "final_selection": self.final_selection in FINAL_SELECTIONS,
-            "explore_share": bool(np.isfinite(self.explore_share))
-            and self.explore_share >= 0
-            and (self.explore_share == 0 or self.final_selection == "exact"),
-            "center, scale": (self.center is None) == (self.scale is None)
+        for name, spec in _FIELD_CHECKS.items():
+            problem = _problem(getattr(self, name), *spec)
+            if problem:
+                raise ParamError(name, problem)
+        relations = {
+            "d": self.d <= MAX_D,
+            "eta": self.eta is None or _divides_two(self.eta),
+            "explore_share": self.explore_share == 0 or self.final_selection == "exact",
+            "scale": (self.center is None) == (self.scale is None)
             and (self.scale is None or min(self.scale, default=1.0) > 0),
         }
-        bad = [name for name, ok in checks.items() if not ok]
-        if bad:
-            raise ValueError(f"CuratorParams: invalid {', '.join(bad)} ({self})")
+        for name, ok in relations.items():
+            if not ok:
+                raise ParamError(name, _RELATIONS[name].format(self=self, max_d=MAX_D))
+        mwem = "mwem" in (self.validation_release, self.summary_release)
+        cells = self.d * (round(2.0 / self.grid_step) + 1)
+        if mwem and cells > MAX_D:
+            raise ParamError(
+                "d",
+                f"d = {self.d} with grid step {self.grid_step:g} gives MWEM marginals of {cells} "
+                f"cells, more than one journal array holds ({MAX_D}); lower d or raise eta",
+            )
 
     @property
     def sensitivity(self) -> float:
