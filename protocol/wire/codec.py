@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Every frame is a msgpack map (``use_bin_type=True`` on encode, ``raw=False`` and
-``strict_map_key=True`` on decode, hard length limits on every container) holding the envelope
+``strict_map_key=True`` on decode, depth, count and length limits checked before anything is
+built: :mod:`.limits`) holding the envelope
 
     {"v": 1, "kind": str, "run": str, "round": int, "from": str, "to": str, "seq": int,
      "body": {...}}
@@ -60,7 +61,6 @@ from dpmarket.protocol.wire.checks import (
     MAX_INT,
     MAX_LIST_LEN,
     MAX_STR_LEN,
-    MAX_TEXT_BYTES,
     MIN_INT,
     ErrorType,
     capacity,
@@ -72,6 +72,7 @@ from dpmarket.protocol.wire.checks import (
     supported,
 )
 from dpmarket.protocol.wire.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from dpmarket.protocol.wire.limits import MAX_FRAME_BYTES, scan_frame, unpack_options
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -92,8 +93,6 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
-MAX_FRAME_BYTES = 64 * 1024 * 1024  # a whole frame
-MAX_MAP_LEN = 64
 
 Array = npt.NDArray[Any]
 _ENVELOPE_KEYS = frozenset({"v", "kind", "run", "round", "from", "to", "seq", "body"})
@@ -281,19 +280,13 @@ def _unpack(data: object) -> dict[str, Any]:
     size = memoryview(data).nbytes
     if size > MAX_FRAME_BYTES:
         raise RemoteProtocolError(f"frame: {size} bytes exceeds {MAX_FRAME_BYTES}")
+    frame = bytes(data)
+    scan_frame(frame)  # depth, container, item and memory limits before anything is built
     try:
         obj = msgpack.unpackb(
-            bytes(data),
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            max_str_len=4 * MAX_TEXT_BYTES,  # so that the field check names it
-            max_bin_len=MAX_ARRAY_BYTES,
-            max_array_len=MAX_LIST_LEN,
-            max_map_len=MAX_MAP_LEN,
-            max_ext_len=0,
-            ext_hook=_refuse_ext,
-        )
+            frame, raw=False, strict_map_key=True, use_list=True, ext_hook=_refuse_ext,
+            **unpack_options(size),
+        )  # fmt: skip
     except Exception as exc:  # msgpack raises many types for garbage; all mean the same
         reason = type(exc).__name__
         raise RemoteProtocolError(f"frame: not a valid msgpack frame ({reason})") from None

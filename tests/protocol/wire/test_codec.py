@@ -407,7 +407,8 @@ def with_array(**array: object) -> dict[str, Any]:
     [
         ({"kind": "summary.nope"}, r"^kind: unknown message kind 'summary.nope'"),
         ({"kind": ["x"] * 2000}, r"^kind: unknown message kind <list>"),
-        ({"kind": nested(1020)}, r"^kind: unknown message kind <list>"),
+        ({"kind": nested(3)}, r"^kind: unknown message kind <list>"),
+        ({"kind": nested(1020)}, r"^frame: containers nested deeper than 8"),
         ({"v": 2}, r"^v: unsupported protocol version 2"),
         ({"v": 1.0}, r"^v: unsupported protocol version 1.0"),
         ({"v": True}, r"^v: unsupported protocol version True"),
