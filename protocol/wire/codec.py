@@ -68,6 +68,7 @@ from dpmarket.protocol.wire.checks import (
     check_counter,
     check_str,
     check_value,
+    plain,
     show,
     supported,
 )
@@ -120,7 +121,7 @@ def register(kind: str) -> Callable[[B], B]:
             raise ValueError(f"message kind {kind!r} is already registered")
         if not dataclasses.is_dataclass(cls):
             raise ValueError(f"{cls.__name__} must be a dataclass")
-        hints = typing.get_type_hints(cls)
+        hints = typing.get_type_hints(cls, include_extras=True)  # value rules kept
         for f in dataclasses.fields(cls):
             if not supported(hints[f.name]):
                 raise ValueError(f"{cls.__name__}.{f.name}: unsupported field type {f.type!r}")
@@ -256,11 +257,11 @@ def _array_from_wire(name: str, raw: object) -> Array:
 
 
 def _from_wire(name: str, hint: Any, raw: object) -> object:
-    origin = typing.get_origin(hint)
+    origin = typing.get_origin(hint := plain(hint))
     if origin in (Union, types.UnionType):
         if raw is None:
             return None
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        hint = plain(next(a for a in typing.get_args(hint) if a is not type(None)))
         origin = typing.get_origin(hint)
     if hint is np.ndarray or origin is np.ndarray:
         return _array_from_wire(name, raw)
