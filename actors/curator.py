@@ -377,6 +377,8 @@ def result_payload(res: SummaryResult, curator: Curator, transport: RayTransport
             "bytes_sent": transport.bytes_sent,
             "calls": transport.calls,
             "errors": transport.errors,
+            "refused": dict(sorted(transport.refused.items())),  # refused frames per owner
+            "expelled": sorted(transport.expelled),  # lost for more than MAX_FAULTS of them
             "dead": sorted(transport.dead),
         },
     }

@@ -4,8 +4,11 @@
 Every frame crosses the codec (``encode`` on send, ``decode`` with the recipient's
 ``ReplayGuard`` on delivery), so what runs here is exactly what would cross actor boundaries.
 Fault hooks let tests drop frames, delay a party's frames, or kill a party from an epoch on.
-A frame the recipient refuses (``RemoteProtocolError``) is recorded in ``errors`` and dropped; the
-run goes on.
+A frame the recipient refuses (``RemoteProtocolError``: undecodable, or a value the party cannot
+use) is recorded in ``errors``, counted against its sender in ``refused`` and dropped; the run
+goes on. A sender refused more than :data:`MAX_FAULTS` times by a party that can lose peers (the
+curator's ``lose``) is expelled: lost from that moment, which counts against T like any other
+loss, and its later frames are dropped unread.
 """
 
 from __future__ import annotations
@@ -19,11 +22,37 @@ from dpmarket.protocol.wire.codec import Message, ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.protocol.wire.parties import Party
 
-__all__ = ["FaultPlan", "LoopbackTransport", "RayTransport", "TransportStalled"]
+__all__ = ["MAX_FAULTS", "FaultPlan", "LoopbackTransport", "RayTransport", "TransportStalled"]
+
+MAX_FAULTS = 3
+"""Refused frames a sender may cause before it is expelled (lost) by the party it talks to."""
 
 
 class TransportStalled(RuntimeError):
     """The run made no progress: no frame in flight and no deadline left to fire."""
+
+
+class FaultCounter:
+    """Refused frames per sender, and the senders expelled for too many of them."""
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, str]] = []
+        self.refused: dict[str, int] = {}
+        self.expelled: set[str] = set()
+
+    def fault(self, party: Any, senders: set[str], reason: str) -> list[Message]:
+        """Count one refused frame against ``senders``; return what ``party`` sends after
+        losing those now past :data:`MAX_FAULTS` (nothing if it cannot lose peers)."""
+        self.errors.append((party.name, reason))
+        over = set()
+        for sender in sorted(senders - self.expelled):
+            self.refused[sender] = self.refused.get(sender, 0) + 1
+            if self.refused[sender] > MAX_FAULTS and hasattr(party, "lose"):
+                over.add(sender)
+        if not over:
+            return []
+        self.expelled |= over
+        return list(party.lose(over))
 
 
 class LoopbackTransport:
@@ -46,9 +75,11 @@ class LoopbackTransport:
         self.faults = faults or FaultPlan()
         self.latency, self.idle_step = latency, idle_step
         self.now = 0.0
-        self._queue: list[tuple[float, int, str, int, bytes]] = []
+        self._queue: list[tuple[float, int, str, str, int, bytes]] = []
         self._order = 0
-        self.errors: list[tuple[str, str]] = []
+        self.counter = FaultCounter()
+        self.errors, self.refused = self.counter.errors, self.counter.refused
+        self.expelled = self.counter.expelled
         self.frames_sent = 0
         self.bytes_sent = 0
         self.dropped_frames = 0
@@ -61,12 +92,18 @@ class LoopbackTransport:
             if self.faults.drop is not None and self.faults.drop(msg):
                 self.dropped_frames += 1
                 continue
-            frame = encode(msg)
-            self.frames_sent += 1
-            self.bytes_sent += len(frame)
-            at = self.now + self.latency + self.faults.delay.get(msg.sender, 0.0)
-            self._order += 1
-            heapq.heappush(self._queue, (at, self._order, msg.recipient, msg.round, frame))
+            self.deliver_frame(msg.sender, msg.recipient, msg.round, encode(msg))
+
+    def deliver_frame(self, sender: str, recipient: str, round_: int, frame: bytes) -> None:
+        """Queue one encoded frame as sent by ``sender`` (tests send hostile bytes this way)."""
+        if sender in self.counter.expelled:
+            self.dropped_frames += 1
+            return
+        self.frames_sent += 1
+        self.bytes_sent += len(frame)
+        at = self.now + self.latency + self.faults.delay.get(sender, 0.0)
+        self._order += 1
+        heapq.heappush(self._queue, (at, self._order, sender, recipient, round_, frame))
 
     def step(self) -> bool:
         """Deliver the next frame or advance the clock by at most ``idle_step`` towards it;
@@ -76,18 +113,22 @@ class LoopbackTransport:
         if self._queue[0][0] > self.now + self.idle_step:
             self.now += self.idle_step  # let deadlines fire before a late frame lands
             return True
-        at, _, recipient, round_, frame = heapq.heappop(self._queue)
+        at, _, sender, recipient, round_, frame = heapq.heappop(self._queue)
         self.now = max(self.now, at)
         party = self.parties.get(recipient)
         if party is None or self.faults.is_dead(recipient, round_):
             self.dropped_frames += 1
             return True
+        if sender in self.counter.expelled:
+            self.dropped_frames += 1
+            return True
         try:
             msg = decode(frame, self.guards[recipient])
+            if msg.sender != sender:
+                raise RemoteProtocolError(f"from: {msg.sender!r} in a frame sent by {sender!r}")
             out = party.receive(msg)
         except RemoteProtocolError as exc:
-            self.errors.append((recipient, str(exc)))
-            return True
+            out = self.counter.fault(party, {sender}, str(exc))
         self.send(out)
         return True
 
@@ -133,7 +174,9 @@ class RayTransport:
         self.clock = clock or time.monotonic
         self.poll = poll
         self.guard = ReplayGuard()
-        self.errors: list[tuple[str, str]] = []
+        self.counter = FaultCounter()
+        self.errors, self.refused = self.counter.errors, self.counter.refused
+        self.expelled = self.counter.expelled
         self.dead: set[str] = set()
         self.frames_sent = 0
         self.bytes_sent = 0
@@ -181,7 +224,8 @@ class RayTransport:
                     if on_step is not None:  # a loss can refuse the run: the curator must see
                         on_step()  # it (journal, cancel a refresh in flight) before the loop ends
                     continue
-                outbox.extend(self._receive(party, frames))
+                hosted = {o for o, h in self.handles.items() if h == handle}
+                outbox.extend(self._receive(party, frames, hosted))
                 if on_step is not None:
                     on_step()
 
@@ -211,11 +255,23 @@ class RayTransport:
             ref = handle.handle.remote(batches)
             pending[asyncio.ensure_future(ref)] = handle
 
-    def _receive(self, party: Any, frames: list[bytes]) -> list[Message]:
+    def _receive(self, party: Any, frames: list[bytes], hosted: set[str]) -> list[Message]:
+        """Hand ``frames`` from the actor hosting ``hosted`` to ``party``. A refused frame counts
+        against its sender, or against every owner of the actor if it names none of them (the
+        actor is one process: its owners fail together)."""
         out: list[Message] = []
         for frame in frames:
+            if hosted <= self.counter.expelled:
+                break  # every owner of this actor is expelled: its frames are not read
+            senders = hosted
             try:
-                out.extend(party.receive(decode(frame, self.guard)))
+                msg = decode(frame, self.guard)
+                if msg.sender not in hosted:
+                    raise RemoteProtocolError(f"from: {msg.sender!r} is not hosted by its actor")
+                senders = {msg.sender}
+                if msg.sender in self.counter.expelled:
+                    continue
+                out.extend(party.receive(msg))
             except RemoteProtocolError as exc:
-                self.errors.append((party.name, str(exc)))
+                out.extend(self.counter.fault(party, senders, str(exc)))
         return out

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from dpmarket.protocol.wire.checks import Count
 from dpmarket.protocol.wire.codec import Body, register
 
 __all__ = [
@@ -91,7 +92,7 @@ class AbortBody(Body):
     """Node -> aggregator: the round ends without a release (too few clients, peer missing)."""
 
     reason: str
-    missing: int
+    missing: Count
 
 
 def pack_set(members: BoolArray) -> npt.NDArray[np.uint8]:

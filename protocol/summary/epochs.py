@@ -138,9 +138,14 @@ class EpochCycle:
             raise RemoteProtocolError(
                 f"summary.deliver.token: {body.token} was not asked of {owner}"
             )
+        try:  # check first: a point the curator cannot hash is refused, nothing changes
+            why = self._verify(owner, body)
+        except (ValueError, ArithmeticError) as exc:
+            raise RemoteProtocolError(
+                f"summary.deliver: {owner}'s point is unusable: {exc}"
+            ) from None
         ep.answered.add(owner)
         self.transfers.record(owner, body.token)
-        why = self._verify(owner, body)
         if why:
             self.rejected.append((ep.number, owner, why))
         else:

@@ -8,10 +8,19 @@ module, so any process that runs either party decodes these kinds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy.typing as npt
 
+from dpmarket.protocol.wire.checks import (
+    FLOAT32_MAX,
+    MAX_COUNTER,
+    Count,
+    Positive,
+    Range,
+    Token,
+    Vector,
+)
 from dpmarket.protocol.wire.codec import Body, register
 
 __all__ = [
@@ -26,6 +35,10 @@ __all__ = [
 ]
 
 Array = npt.NDArray[Any]
+# Value rules (protocol/wire/checks.py): each tightens what a field accepts, never its meaning.
+Size = Annotated[int, Range(1, MAX_COUNTER)]
+Reals = Annotated[Array, Vector(1)]  # a 1-D real vector (its length is the party's check)
+Coordinates = Annotated[Array, Vector(1, bound=FLOAT32_MAX)]  # h1 hashes points in float32
 
 
 @register("summary.setup")
@@ -36,15 +49,15 @@ class SetupBody(Body):
     ``max_deliveries``: an owner withdraws a point after delivering it this many times.
     ``center`` and ``scale`` (added later, optional): h1 hashes ``(x - center) / scale``."""
 
-    n_features: int
-    d: int
-    gamma: float
+    n_features: Size
+    d: Size
+    gamma: Annotated[float, Positive()]
     h1_seed: int
-    tau: int
+    tau: Size
     less_trusted: bool = False
-    max_deliveries: int = 3
-    center: Array | None = None
-    scale: Array | None = None
+    max_deliveries: Size = 3
+    center: Reals | None = None
+    scale: Reals | None = None
 
 
 @register("summary.validation")
@@ -52,7 +65,7 @@ class SetupBody(Body):
 class ValidationBody(Body):
     """Curator -> owner: g_tilde, the DP release of the mean of h1 over the validation set."""
 
-    g_validation: Array
+    g_validation: Reals
 
 
 @register("summary.epoch")
@@ -63,8 +76,8 @@ class EpochBody(Body):
     point drawn uniformly by the public exploration generator instead of the best one
     (protocol/summary/selection.py)."""
 
-    g_summary: Array
-    summary_size: int
+    g_summary: Reals
+    summary_size: Count
     explore: bool = False
 
 
@@ -73,7 +86,7 @@ class EpochBody(Body):
 class BidBody(Body):
     """Owner -> curator: its best point's approximate marginal gain and an opaque token."""
 
-    token: int
+    token: Token
     bid: float
 
 
@@ -90,7 +103,7 @@ class PassBody(Body):
 class AskBody(Body):
     """Curator -> owner: deliver the point behind ``token`` (private auction)."""
 
-    token: int
+    token: Token
 
 
 @register("summary.deliver")
@@ -99,9 +112,9 @@ class DeliverBody(Body):
     """Owner -> curator: the asked point. Trusted mode sends ``point``; the less-trusted mode
     of appendix F sends only ``hashed`` = h1(x) and the label."""
 
-    token: int
-    point: Array | None = None
-    hashed: Array | None = None
+    token: Token
+    point: Coordinates | None = None
+    hashed: Reals | None = None
     label: float | None = None
 
 
@@ -110,5 +123,5 @@ class DeliverBody(Body):
 class FinishBody(Body):
     """Curator -> owner: the summary is complete (or the run was stopped)."""
 
-    epochs: int
+    epochs: Count
     reason: str = "complete"

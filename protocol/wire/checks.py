@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 import types
 import typing
-from typing import Any, Union
+from dataclasses import dataclass
+from typing import Annotated, Any, Union
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from dpmarket.protocol.wire.errors import ProtocolError
 
 __all__ = [
     "ALLOWED_DTYPES",
+    "FLOAT32_MAX",
     "MAX_ARRAY_BYTES",
     "MAX_ARRAY_DIMS",
     "MAX_COUNTER",
@@ -24,12 +26,18 @@ __all__ = [
     "MAX_STR_LEN",
     "MAX_TEXT_BYTES",
     "MIN_INT",
+    "Count",
     "ErrorType",
+    "Positive",
+    "Range",
+    "Token",
+    "Vector",
     "capacity",
     "check_array",
     "check_counter",
     "check_str",
     "check_value",
+    "plain",
     "show",
     "supported",
 ]
@@ -42,6 +50,7 @@ MAX_LIST_LEN = 1_000_000
 MAX_INT = 2**64 - 1
 MIN_INT = -(2**63)
 MAX_COUNTER = 2**53  # round and seq stay exact in every language's doubles
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # points are hashed in float32
 
 ALLOWED_DTYPES = frozenset(
     {"|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f4", "<f8"}
@@ -49,6 +58,60 @@ ALLOWED_DTYPES = frozenset(
 
 ErrorType = type[ProtocolError]
 _SCALARS = (bool, int, float, str, bytes, type(None))
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """A field's inclusive range, ``Annotated[int, Range(0, 2**63 - 1)]`` (a value check: it
+    tightens what a field accepts, never changes what it means)."""
+
+    low: float | None = None
+    high: float | None = None
+
+    def check(self, name: str, value: float, err: ErrorType) -> None:
+        if (self.low is not None and value < self.low) or (
+            self.high is not None and value > self.high
+        ):
+            low = "" if self.low is None else f"{self.low:g}"
+            high = "" if self.high is None else f"{self.high:g}"
+            raise err(f"{name}: {show(value)} outside {low}..{high}")
+
+
+@dataclass(frozen=True, slots=True)
+class Positive:
+    """A number > 0."""
+
+    def check(self, name: str, value: float, err: ErrorType) -> None:
+        if not value > 0:
+            raise err(f"{name}: {show(value)} must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Vector:
+    """An array field's rule: ``ndim`` dimensions, a dtype of one of ``kinds`` (numpy kind
+    letters), and every value within +-``bound``."""
+
+    ndim: int = 1
+    kinds: str = "biuf"
+    bound: float | None = None
+
+    def check(self, name: str, value: Any, err: ErrorType) -> None:
+        if value.ndim != self.ndim:
+            raise err(f"{name}: {value.ndim} dimensions, expected {self.ndim}")
+        if value.dtype.kind not in self.kinds:
+            raise err(f"{name}: dtype {value.dtype.str}, expected one of kinds {self.kinds!r}")
+        if self.bound is not None and value.size and float(np.abs(value).max()) > self.bound:
+            raise err(f"{name}: a value beyond +-{self.bound:.4g}")
+
+
+Token = Annotated[int, Range(0, 2**63 - 1)]  # an owner's record index
+Count = Annotated[int, Range(0, MAX_COUNTER)]  # sizes and counts, exact in doubles
+Rule = Range | Positive | Vector
+
+
+def plain(hint: Any) -> Any:
+    """``hint`` without its ``Annotated`` value rules."""
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
 
 
 def show(value: object) -> str:
@@ -61,6 +124,9 @@ def show(value: object) -> str:
 
 def supported(hint: Any) -> bool:
     """Whether the codec can carry a field of type ``hint`` (checked once, in ``register``)."""
+    if typing.get_origin(hint) is Annotated:
+        rules = typing.get_args(hint)[1:]
+        return all(isinstance(r, Rule) for r in rules) and supported(plain(hint))
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -116,6 +182,11 @@ def check_array(name: str, value: object, err: ErrorType) -> None:
 def check_value(name: str, hint: Any, value: object, err: ErrorType) -> object:
     """Check ``value`` against a type hint; return it (ints widened to float where asked)."""
     origin = typing.get_origin(hint)
+    if origin is Annotated:
+        checked = check_value(name, plain(hint), value, err)
+        for rule in typing.get_args(hint)[1:]:
+            rule.check(name, checked, err)
+        return checked
     if origin in (Union, types.UnionType):
         args = typing.get_args(hint)
         if value is None and type(None) in args:

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Every frame is a msgpack map (``use_bin_type=True`` on encode, ``raw=False`` and
-``strict_map_key=True`` on decode, hard length limits on every container) holding the envelope
+``strict_map_key=True`` on decode, depth, count and length limits checked before anything is
+built: :mod:`.limits`) holding the envelope
 
     {"v": 1, "kind": str, "run": str, "round": int, "from": str, "to": str, "seq": int,
      "body": {...}}
@@ -60,7 +61,6 @@ from dpmarket.protocol.wire.checks import (
     MAX_INT,
     MAX_LIST_LEN,
     MAX_STR_LEN,
-    MAX_TEXT_BYTES,
     MIN_INT,
     ErrorType,
     capacity,
@@ -68,10 +68,12 @@ from dpmarket.protocol.wire.checks import (
     check_counter,
     check_str,
     check_value,
+    plain,
     show,
     supported,
 )
 from dpmarket.protocol.wire.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from dpmarket.protocol.wire.limits import MAX_FRAME_BYTES, scan_frame, unpack_options
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -92,8 +94,6 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
-MAX_FRAME_BYTES = 64 * 1024 * 1024  # a whole frame
-MAX_MAP_LEN = 64
 
 Array = npt.NDArray[Any]
 _ENVELOPE_KEYS = frozenset({"v", "kind", "run", "round", "from", "to", "seq", "body"})
@@ -121,7 +121,7 @@ def register(kind: str) -> Callable[[B], B]:
             raise ValueError(f"message kind {kind!r} is already registered")
         if not dataclasses.is_dataclass(cls):
             raise ValueError(f"{cls.__name__} must be a dataclass")
-        hints = typing.get_type_hints(cls)
+        hints = typing.get_type_hints(cls, include_extras=True)  # value rules kept
         for f in dataclasses.fields(cls):
             if not supported(hints[f.name]):
                 raise ValueError(f"{cls.__name__}.{f.name}: unsupported field type {f.type!r}")
@@ -257,11 +257,11 @@ def _array_from_wire(name: str, raw: object) -> Array:
 
 
 def _from_wire(name: str, hint: Any, raw: object) -> object:
-    origin = typing.get_origin(hint)
+    origin = typing.get_origin(hint := plain(hint))
     if origin in (Union, types.UnionType):
         if raw is None:
             return None
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        hint = plain(next(a for a in typing.get_args(hint) if a is not type(None)))
         origin = typing.get_origin(hint)
     if hint is np.ndarray or origin is np.ndarray:
         return _array_from_wire(name, raw)
@@ -281,19 +281,13 @@ def _unpack(data: object) -> dict[str, Any]:
     size = memoryview(data).nbytes
     if size > MAX_FRAME_BYTES:
         raise RemoteProtocolError(f"frame: {size} bytes exceeds {MAX_FRAME_BYTES}")
+    frame = bytes(data)
+    scan_frame(frame)  # depth, container, item and memory limits before anything is built
     try:
         obj = msgpack.unpackb(
-            bytes(data),
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            max_str_len=4 * MAX_TEXT_BYTES,  # so that the field check names it
-            max_bin_len=MAX_ARRAY_BYTES,
-            max_array_len=MAX_LIST_LEN,
-            max_map_len=MAX_MAP_LEN,
-            max_ext_len=0,
-            ext_hook=_refuse_ext,
-        )
+            frame, raw=False, strict_map_key=True, use_list=True, ext_hook=_refuse_ext,
+            **unpack_options(size),
+        )  # fmt: skip
     except Exception as exc:  # msgpack raises many types for garbage; all mean the same
         reason = type(exc).__name__
         raise RemoteProtocolError(f"frame: not a valid msgpack frame ({reason})") from None

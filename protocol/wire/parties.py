@@ -4,6 +4,12 @@ A party consumes one decoded :class:`Message` at a time and returns the messages
 ``expire(now)`` tells it the time so it can act on deadlines (it never reads a clock). Each role
 keeps one transition table ``{(state, kind): handler}``; :func:`dispatch` checks a message against
 the table *before* any state changes, so a refused message leaves the party untouched.
+
+Anything a peer sends that a party cannot use is the peer's fault: a ``ValueError``,
+``TypeError`` or ``ArithmeticError`` raised while a handler uses a peer's values comes out of
+:func:`dispatch` as :class:`RemoteProtocolError`, never as a crash of the party. Handlers check
+a message's values before they change state (the hypothesis tests of every party state check
+that a refused message leaves the party as it was).
 """
 
 from __future__ import annotations
@@ -60,7 +66,10 @@ def dispatch(
     handler = table.get((state, msg.kind))
     if handler is None:
         raise RemoteProtocolError(f"kind: {msg.kind} is not expected by {party_name} in {state}")
-    return handler(msg)
+    try:
+        return handler(msg)
+    except (ValueError, TypeError, ArithmeticError) as exc:  # a peer's value the party cannot use
+        raise RemoteProtocolError(f"{msg.kind}: from {msg.sender}: {exc}") from None
 
 
 def body_of(msg: Message, cls: type[BodyT]) -> BodyT:

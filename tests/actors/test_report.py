@@ -91,7 +91,8 @@ def _payload(
     transport.run_until(lambda: curator.done)
     assert not transport.errors and curator.state == "done"
     stats = SimpleNamespace(frames_sent=transport.frames_sent, bytes_sent=transport.bytes_sent,
-                            calls=0, errors=[], dead=set())  # fmt: skip
+                            calls=0, errors=[], dead=set(), refused={},
+                            expelled=set())  # fmt: skip
     payload = result_payload(curator.result(), curator, stats)  # type: ignore[arg-type]
     payload["secure_phases"] = _secure_phases(scenario, validation)
     payload["fault_verdicts"] = []
