@@ -7,15 +7,16 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dpmarket.actors.phases import _spawn_nodes
+from dpmarket.actors.config import load_market_config
+from dpmarket.actors.phases import _spawn_nodes, prepare_secure
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.actors.runner import spawn_market
+from dpmarket.actors.runner import OwnerInputs, spawn_market
 from dpmarket.actors.transport import FaultPlan
-from dpmarket.protocol.securesum.spec import DcaConfig
 from tests.small import small_params, small_scenario
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
@@ -44,13 +45,17 @@ def test_every_actor_is_named_by_run_and_role_in_the_runs_namespace() -> None:
 
     scenario = small_scenario(3, n_points=200)  # owner-1 .. owner-4
     plan = FaultPlan(kill_at={"owner-1": 99})  # a faulty owner gets an actor of its own
+    demo = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
+    config = load_market_config(demo, [f"run.name={RUN}", "market.compute_nodes=2"])
+    params = small_params(scenario)
+    prep = prepare_secure(config, OwnerInputs.of(scenario), scenario.gamma, params, None)
+    assert prep is not None
     market = spawn_market(
-        scenario, small_params(scenario), NoiseSource.reproducible(1), plan, RUN,
-        owners_per_actor=2,
+        scenario, params, NoiseSource.reproducible(1), plan, RUN, owners_per_actor=2,
+        dca=prep.trust,
     )  # fmt: skip
     try:
-        dca = DcaConfig(RUN, scenario.owner_names, ("compute-1", "compute-2"), tolerance=1)
-        market.compute_nodes = _spawn_nodes(dca, market)
+        market.compute_nodes = _spawn_nodes(prep, market)
         owners = market.owners
         assert _same(f"dpmarket:{RUN}:owner-1", owners["owner-1"])
         assert _same(f"dpmarket:{RUN}:owners-2-3", owners["owner-2"])
