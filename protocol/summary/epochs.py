@@ -164,14 +164,17 @@ class EpochCycle:
         else:
             if body.point is None or body.point.shape != (self.h1.n_features,):
                 return f"expected a point of shape ({self.h1.n_features},)"
-            h = self.h1(np.asarray(body.point, dtype=np.float64))
+            with np.errstate(all="ignore"):  # an extreme point hashes to inf/nan: refused below
+                h = self.h1(np.asarray(body.point, dtype=np.float64))
+        if not np.isfinite(h).all():
+            return "point outside the range h1 can hash"
         if body.label is None:
             return "missing label"
         if (owner, body.token) in self._members:
             return "point is already in the summary"
         claimed = ep.bids[owner].bid
         actual = float(hashed_bids(h[None, :], self._g_validation, ep.g_summary, ep.q)[0])
-        if abs(actual - claimed) > p.verify_tolerance * (1.0 + abs(claimed)):
+        if not abs(actual - claimed) <= p.verify_tolerance * (1.0 + abs(claimed)):  # nan: refused
             return "bid does not match the delivered point"  # no values: the reason is reported
         return ""
 

@@ -319,3 +319,23 @@ def test_secure_sum_parties_in_open_rounds_survive_hostile_frames(data: st.DataO
         party = session.parties[name]
         feed(party, data.draw(securesum_frames(name, senders)))
         feed(party, data.draw(st.binary(max_size=64)))
+
+
+def test_a_point_h1_cannot_hash_is_rejected_not_bought() -> None:
+    """A coordinate inside float32's range (so the codec accepts it) can still overflow h1's
+    projection: the curator rejects the delivery instead of buying a point whose hashed vector
+    is nan (a nan bid difference compares as False, which used to pass verification)."""
+    import numpy as np
+
+    from dpmarket.protocol.summary.curator import Curator
+    from dpmarket.protocol.summary.messages import DeliverBody
+    from tests.small import small_params, small_scenario
+
+    scenario = small_scenario(5)
+    owners, params = list(scenario.owner_names), small_params(scenario)
+    rng = np.random.default_rng(0)
+    curator = Curator("run", owners, scenario.validation, scenario.seed_set, params, rng)
+    curator.start()
+    point = np.full(scenario.validation.shape[1], 3.0e38)
+    why = curator._verify("owner-1", DeliverBody(0, point, None, 1.0))
+    assert why == "point outside the range h1 can hash"
