@@ -20,6 +20,7 @@ from dpmarket.protocol.wire.checks import MAX_ARRAY_BYTES
 
 __all__ = [
     "GENERATOR_KEYS",
+    "SOURCE_KEYS",
     "ConfigError",
     "apply_set",
     "check_data_keys",
@@ -50,7 +51,7 @@ GENERATOR_KEYS: dict[str, tuple[str, float, float, float]] = {
 # [data] keys each source uses; any other [data] key is refused for that source (it would be
 # silently ignored). n_points also bounds the records of a files market (the secure sums'
 # fixed-point range, actors/phases.py).
-_SOURCE_KEYS = {
+SOURCE_KEYS = {
     "synthetic": set(GENERATOR_KEYS) | {"gamma", "stream", "bound"},
     "digits": {"n_seed", "gamma", "stream", "bound"},
     "files": {
@@ -138,18 +139,18 @@ def check_data_keys(
     """The [data] keys of ``source``: generator sizes typed and in range, ``gamma`` and
     ``bound`` finite and positive, and ``summary_size`` within the records a simulated source
     holds (a files market's records are known only as its files are read)."""
-    unused = sorted(set(data) - _SOURCE_KEYS[source] - {"source"})
+    unused = sorted(set(data) - SOURCE_KEYS[source] - {"source"})
     if unused:
         raise ConfigError(
             f"{path}: [data]: {unused} not used with source = {source!r} (it uses "
-            f"{sorted(_SOURCE_KEYS[source])})"
+            f"{sorted(SOURCE_KEYS[source])})"
         )
     for key in ("gamma", "bound"):
         if key in data:
             number(path, f"[data].{key}", data[key], 0.0, 1e12)
     sizes: dict[str, float] = {}
     for key, (kind, low, high, default) in GENERATOR_KEYS.items():
-        if key not in data or key not in _SOURCE_KEYS[source]:
+        if key not in data or key not in SOURCE_KEYS[source]:
             sizes[key] = default
         elif kind == "int":
             sizes[key] = integer(path, f"[data].{key}", data[key], int(low), int(high))
