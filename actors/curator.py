@@ -21,79 +21,20 @@ import numpy as np
 import numpy.typing as npt
 import ray
 
-from dpmarket.actors.dca import DcaHub, DcaUnavailable, record_for_owners
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.refresh import PoolRefresher, finish_refresh, stop_after_refusal
+from dpmarket.actors.securephase_journal import SecureHost, run_secure_phases
 from dpmarket.actors.transport import FaultPlan, RayTransport
-from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
-from dpmarket.protocol.securesum.plan import SecureSumPlan
-from dpmarket.protocol.securesum.spec import DcaConfig, RoundResult
+from dpmarket.protocol.securesum.spec import RoundResult
 from dpmarket.protocol.summary.curator import Curator, CuratorParams, SummaryResult
-from dpmarket.protocol.summary.journal import pool_rows, restore_curator, snapshot_curator
-from dpmarket.streams.race.lsh import make_family
-from dpmarket.streams.race.sketch import PrivacyStatement, RaceRelease, RaceSketch
+from dpmarket.protocol.summary.journal import (
+    pool_rows,
+    restore_curator,
+    secure_record,
+    snapshot_curator,
+)
 
 __all__ = ["CuratorActor", "write_json_atomic"]
-
-
-def _moments_summary(result: RoundResult, k: int) -> dict[str, Any]:
-    """DP pool count, per-feature means and spreads from the released (sum, sum sq, n)."""
-    if result.value is None:
-        return {"status": result.status, "reason": result.reason}
-    v = result.value
-    n = max(float(v[-1]), 1.0)
-    mean = v[:k] / n
-    spread = np.sqrt(np.maximum(v[k : 2 * k] / n - mean**2, 1e-12))
-    return {
-        "status": result.status,
-        "count": float(v[-1]),
-        "mean": mean.tolist(),
-        "std": spread.tolist(),
-        "sigma": result.sigma_std,
-        "missing": list(result.missing),
-    }
-
-
-def _pool_release(result: RoundResult, sk: dict[str, Any], n_features: int) -> RaceRelease:
-    """The released sketch counters of a secure-sum round as a RACE release with its cost."""
-    assert result.value is not None
-    family = make_family(
-        sk["family"],
-        n_features,
-        int(sk["rows"]),
-        int(sk["seed"]),
-        bandwidth=float(sk["bandwidth"]),
-    )
-    template = RaceSketch(family, int(sk["width"]))
-    statement = PrivacyStatement(
-        "gaussian", (result.sigma_std,), result.sensitivity, ADD_REMOVE, None, 0.0
-    )
-    return RaceRelease.from_counter_vector(template, result.value, statement)
-
-
-def _coverage(release: RaceRelease, validation: npt.NDArray[np.float64], total: float) -> float:
-    """Mean KDE of the DP pool sketch at the validation points, per pooled record (the
-    sketch's kernel; 1 = every record collides with every validation point)."""
-    density = release.query(validation.astype(np.float32))
-    return float(np.mean(density) / max(total, 1.0))
-
-
-def _scan_summary(
-    result: RoundResult,
-    release: RaceRelease | None,
-    validation: npt.NDArray[np.float64],
-    moments: dict[str, Any],
-) -> dict[str, Any]:
-    """Coverage of the validation set by the pool (see :func:`_coverage`)."""
-    if result.value is None or release is None:
-        return {"status": result.status, "reason": result.reason}
-    total = float(moments.get("count", 1.0))
-    return {
-        "status": result.status,
-        "coverage": _coverage(release, validation, total),
-        "sigma": result.sigma_std,
-        "missing": list(result.missing),
-    }
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -183,7 +124,10 @@ class CuratorActor:
             rows = read_pool_rows(pool_file(self._journal)) if self._journal else None
             # fresh noise for the releases still to come (a reproducible simulation labels the
             # stream by where it resumes, so it never replays the noise of earlier releases)
-            rng = noise.generator(f"curator:resume:{snapshot.get('seq', 0)}")
+            # before the epochs (state "new") no curator release was drawn yet: the first stream
+            fresh = snapshot.get("state") == "new"
+            label = "curator" if fresh else f"curator:resume:{snapshot.get('seq', 0)}"
+            rng = noise.generator(label)
             self._curator = restore_curator(snapshot, validation, seed_set, rows, rng=rng)
             if self._journal is not None:  # drop rows bought after the snapshot was written
                 path = pool_file(self._journal)
@@ -194,7 +138,9 @@ class CuratorActor:
             self._curator = Curator(run, owners, validation, seed_set, params, rng)
             if self._journal is not None:  # a fresh run: no rows of an earlier run in OUT
                 pool_file(self._journal).unlink(missing_ok=True)
-        self._resumed = snapshot is not None
+        # a journal written before the epochs (state "new") starts the curator, not resumes it
+        self._resumed = snapshot is not None and snapshot.get("state") != "new"
+        self._secure: dict[str, Any] = secure_record(snapshot) if snapshot is not None else {}
         self._validation = np.asarray(validation, dtype=np.float64)
         self._transport: RayTransport | None = None
         self._refresher: PoolRefresher | None = None
@@ -210,7 +156,8 @@ class CuratorActor:
                 path = pool_file(self._journal)
                 self._pool_bytes = append_pool_rows(path, rows, self._pool_bytes)
                 self._pool_written += len(rows)
-            write_json_atomic(self._journal, snapshot_curator(self._curator, pool_inline=False))
+            snap = snapshot_curator(self._curator, pool_inline=False, secure_phases=self._secure)
+            write_json_atomic(self._journal, snap)
             self._curator.checkpoint_due = False
 
     async def progress(self) -> dict[str, Any]:
@@ -224,56 +171,32 @@ class CuratorActor:
         }
 
     async def secure_phases(
-        self, nodes: dict[str, Any], owners: dict[str, Any], plan: dict[str, Any]
+        self,
+        nodes: dict[str, Any],
+        owners: dict[str, Any],
+        plan: dict[str, Any],
+        session_ready: bool = False,
     ) -> dict[str, Any]:
-        """Normalise and scan: two secure-sum rounds over the owners (see actors/dca.py).
-
-        Both releases are charged to every owner's ledger (Gaussian, record-level add/remove);
-        a resumed curator skips them (they are in its journaled ledgers already).
-        """
+        """Normalise and scan, two secure-sum rounds over the owners, each journaled before its
+        result is used (actors/securephase_journal.py: a journaled round is reused on resume, an
+        opened one charged once and not run again). Both releases are charged to every owner's
+        ledger (Gaussian, record-level add/remove); a curator resumed after the epochs began
+        skips them (they are in its journaled ledgers already)."""
         if self._resumed:
             return {"skipped": "resumed run: the secure-sum phases ran before"}
-        config: DcaConfig = plan["config"]
-        rounds: SecureSumPlan = plan["rounds"]  # the operator's; owners and nodes hold it too
-        hub = DcaHub(config, nodes, owners, PrivacyLedger("dca"))
-        try:
-            await hub.setup()
-        except DcaUnavailable as exc:  # nothing was released, nothing is charged
-            failed = {"status": "failed", "reason": str(exc)}
-            return {"normalise": failed, "scan": failed, "errors": [str(exc)]}
-        k = int(plan["n_features"])
-        out: dict[str, Any] = {
-            "nodes": list(config.nodes),
-            "tolerance": config.tolerance,
-            "shares": config.shares,
-        }
-        spec, timeout = rounds.spec("normalise", 1), plan["timeout"]
-        moments = await hub.round(spec, "moments", rounds.options("normalise"), timeout)
-        record_for_owners(self._curator.ledgers, moments, "normalise (secure sum)")
-        out["normalise"] = _moments_summary(moments, k)
-        if (refused := self._refuse_short(moments, "secure sum: normalise")) is not None:
-            return out | {"refused": refused}
-        sk = plan["sketch"]
-        counters = await hub.round(rounds.spec("scan", 2), "sketch", sk, timeout)
-        record_for_owners(self._curator.ledgers, counters, "scan (secure sum)")
-        if (refused := self._refuse_short(counters, "secure sum: scan")) is not None:
-            return out | {"normalise": out["normalise"], "refused": refused}
-        n = self._validation.shape[1]
-        pool = _pool_release(counters, sk, n) if counters.value is not None else None
-        out["scan"] = _scan_summary(counters, pool, self._validation, out["normalise"])
-        if int(plan.get("refresh_every", 0)) > 0:
-            self._refresher = PoolRefresher(
-                hub,
-                plan,
-                pool,
-                counters,
-                lambda result: _pool_release(result, sk, n),
-                lambda release, total: _coverage(release, self._validation, total),
-            )
-        out["absent"] = {str(r): a for r, a in hub.absent.items()}
-        out["errors"] = hub.errors[:20]
+        host = SecureHost(
+            self._curator.ledgers, self._validation, self._secure, self._journal_now,
+            self._refuse_short,
+        )  # fmt: skip
+        out = await run_secure_phases(host, nodes, owners, plan, session_ready)
+        self._refresher = host.refresher
         self._curator.checkpoint_due = True
         return out
+
+    def _journal_now(self) -> None:
+        """Write the snapshot now (with the secure phases' record), whatever is due."""
+        self._curator.checkpoint_due = True
+        self._checkpoint()
 
     def _refuse_short(self, result: RoundResult, phase: str) -> dict[str, Any] | None:
         """A secure round short of T (missing + known colluders; released and charged nothing)

@@ -29,7 +29,13 @@ from dpmarket.actors.curator import pool_file, read_pool_rows
 from dpmarket.actors.evaluation import svm_accuracy
 from dpmarket.actors.faults import FaultPlan, fault_verdicts
 from dpmarket.actors.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
-from dpmarket.actors.phases import prepare_secure, progress, secure_phases, standardize
+from dpmarket.actors.phases import (
+    MAX_CURATOR_RESTARTS,
+    prepare_secure,
+    progress,
+    secure_phases,
+    standardize,
+)
 from dpmarket.actors.preflight import RunPlan, plan_run
 from dpmarket.actors.randomness import public_generator
 from dpmarket.actors.report import CONSUMER_REPORT, mmd2_by_prefix, write_outputs
@@ -50,7 +56,6 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_CONFIG, EXIT_REFUSED = 0, 2, 3
-MAX_CURATOR_RESTARTS = 3
 JOURNAL_DIR = ".journal"
 
 
@@ -152,7 +157,7 @@ def _drive(
             wait_for_ingest(market.owners)
         if inputs.writer is not None:
             inputs.writer.start()
-        secure = secure_phases(config, prep, market, snapshot)
+        secure = secure_phases(config, prep, market, snapshot, journal)
         if "refused" in secure:  # a secure round short of T: nothing after it runs
             refused: dict[str, Any] = secure["refused"]
             return refused
@@ -184,7 +189,9 @@ def _summarise(
 
     # a simulated curator crash happens inside the curator's process at that epoch (exactly
     # there, however fast the epochs run); a real one anywhere. Both resume from the journal.
-    crash_at = config.faults.kill_curator_at if snapshot is None else None
+    # A journal from before the epochs (state "new") is a run that never reached them.
+    fresh = snapshot is None or snapshot.get("state") == "new"
+    crash_at = config.faults.kill_curator_at if fresh else None
     run_ref = market.curator.run.remote(market.owners, plan, crash_at)
     restarts = 0
     try:

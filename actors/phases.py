@@ -9,8 +9,10 @@ and the standardisation h1 uses afterwards (post-processing of the normalise rel
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from dpmarket.actors.config import MarketConfig
 from dpmarket.actors.dca import moments_sensitivity
 from dpmarket.actors.dcaowner import OperatorTrust
 from dpmarket.actors.runner import OwnerInputs, RayMarket, actor_options, unique_actors
+from dpmarket.actors.securephase_journal import journaled_summary, secure_resumable
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig
@@ -26,7 +29,16 @@ from dpmarket.protocol.summary.params import CuratorParams
 from dpmarket.protocol.summary.snr import standardisation_verdict
 from dpmarket.streams.synthetic import median_heuristic_gamma
 
-__all__ = ["SecurePrep", "prepare_secure", "progress", "secure_phases", "standardize"]
+__all__ = [
+    "MAX_CURATOR_RESTARTS",
+    "SecurePrep",
+    "prepare_secure",
+    "progress",
+    "secure_phases",
+    "standardize",
+]
+
+MAX_CURATOR_RESTARTS = 3  # a curator lost more often than this ends the run (exit 1)
 
 
 def progress(line: str) -> None:
@@ -49,7 +61,9 @@ def prepare_secure(
     config: MarketConfig, inputs: OwnerInputs, gamma: float, params: CuratorParams, snapshot: Any
 ) -> SecurePrep | None:
     """The secure-sum session of a run, from the public config alone (None when the secure
-    phases are off or the run resumes). Each node's X25519 key is made here, by the operator;
+    phases are off or the resumed journal holds them finished: actors/securephase_journal.py;
+    a journal written during them gets a new session for the rounds still to run). Each
+    node's X25519 key is made here, by the operator;
     its SHA-256 fingerprint goes into the trust anchors handed to the owners when they are
     spawned (never through the curator, which relays the keys), with the round plan
     (protocol/securesum/plan.py: normalise and scan once each, at most one refresh per
@@ -59,7 +73,7 @@ def prepare_secure(
     from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
 
     secure = config.secure
-    if not secure["enabled"] or snapshot is not None:
+    if not secure["enabled"] or not secure_resumable(snapshot):
         return None
     owners = list(inputs.owners)
     k = inputs.validation.shape[1]
@@ -136,13 +150,24 @@ def prepare_secure(
 
 
 def secure_phases(
-    config: MarketConfig, prep: SecurePrep | None, market: RayMarket, snapshot: Any
+    config: MarketConfig,
+    prep: SecurePrep | None,
+    market: RayMarket,
+    snapshot: Any,
+    journal: Path | None = None,
 ) -> dict[str, Any]:
     """Spawn the compute nodes and run normalise + scan through the curator's hub; with
-    ``[privacy].refresh_every`` the nodes stay up for the refresh rounds (actors/refresh.py)."""
+    ``[privacy].refresh_every`` the nodes stay up for the refresh rounds (actors/refresh.py).
+
+    A curator actor lost during them (``RayActorError``: killed, crashed) is respawned from
+    ``journal`` up to MAX_CURATOR_RESTARTS times and continues the same session: rounds it
+    journaled are reused, an opened one is charged once and not run again
+    (actors/securephase_journal.py)."""
     import ray
 
     if prep is None:
+        if (done := journaled_summary(snapshot)) is not None:
+            return done | {"resumed": "journaled before the driver restarted"}
         return {"skipped": "disabled" if not config.secure["enabled"] else "resumed run"}
     handles = _spawn_nodes(prep, market)
     for name in config.faults.kill_compute:  # simulated compute-node crash
@@ -152,9 +177,19 @@ def secure_phases(
     ray.get([h.warm_up.remote() for h in unique_actors(market.owners)])
     progress("secure sums: normalise and scan")
     market.compute_nodes = handles  # killed with the market
-    result: dict[str, Any] = ray.get(
-        market.curator.secure_phases.remote(handles, market.owners, prep.plan)
-    )
+    restarts = 0
+    while True:
+        call = market.curator.secure_phases.remote(handles, market.owners, prep.plan, restarts > 0)
+        try:
+            result: dict[str, Any] = ray.get(call)
+            break
+        except ray.exceptions.RayActorError:
+            if journal is None or restarts >= MAX_CURATOR_RESTARTS or not journal.exists():
+                raise
+            progress("curator lost in the secure sums: resuming from its journal")
+            market.curator = market.spawn_curator(json.loads(journal.read_text(encoding="utf-8")))
+            restarts += 1
+    result["curator_restarts"] = restarts
     if not config.secure["refresh_every"]:  # no refresh rounds later: the nodes can go now
         for handle in handles.values():
             ray.kill(handle)
@@ -197,7 +232,7 @@ def standardize(
     import ray
 
     normalise = secure.get("normalise", {}) if isinstance(secure, dict) else {}
-    if snapshot is not None:
+    if snapshot is not None and snapshot.get("state") != "new":
         return {"applied": False, "reason": "resumed run: the journal holds the standardisation"}
     if not config.secure["standardize"] or normalise.get("status") != "released":
         reason = "disabled" if not config.secure["standardize"] else "no normalise release"

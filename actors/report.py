@@ -144,6 +144,8 @@ CONSUMER_FIELDS: dict[str, str] = {
 # entry) the keys that are public; every other key goes to the consumer's report.
 PUBLIC_SECURE: dict[str, frozenset[str] | None] = {
     "skipped": None,
+    "resumed": None,
+    "curator_restarts": None,
     "nodes": None,
     "tolerance": None,
     "shares": None,

@@ -19,11 +19,20 @@ Version 2 adds the purchased pool of protocol/summary/selection.py, inline or (f
 rows
 the caller appends to a file of its own (:func:`pool_rows`), so a checkpoint does not rewrite
 every point bought so far. Version 1 journals restore with a pool seeded from the summary.
+
+Version 3 is written from the start of a run, before the first secure-sum round opens (state
+"new": nothing released by the curator yet, ledgers empty), and adds ``secure_phases``: the
+runtime's record of the secure-sum rounds (actors/securephase_journal.py: which rounds opened,
+their released values and the finished phases' summary; DP outputs, curator-private like the
+rest of the snapshot). This module stores it as given (:func:`secure_record` reads it back);
+version 1 and 2 journals restore with an empty record (they were written after the secure
+phases, whose charges their ledgers hold).
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 from typing import Any
 
@@ -40,11 +49,12 @@ from dpmarket.protocol.summary.messages import (
 from dpmarket.protocol.summary.selection import PoolEntry, PurchasedPool
 from dpmarket.protocol.summary.state import Provenance, _Epoch
 
-__all__ = ["JOURNAL_VERSION", "pool_rows", "restore_curator", "snapshot_curator"]
+__all__ = ["JOURNAL_VERSION", "pool_rows", "restore_curator", "secure_record", "snapshot_curator"]
 
-JOURNAL_VERSION = 2
-"""Version 2 adds the purchased pool; version 1 journals still restore (module docstring)."""
-READABLE_VERSIONS = (1, 2)
+JOURNAL_VERSION = 3
+"""Version 2 adds the purchased pool, version 3 the secure phases' record and snapshots from
+state "new"; version 1 and 2 journals still restore (module docstring)."""
+READABLE_VERSIONS = (1, 2, 3)
 
 
 def _arr(a: npt.NDArray[Any] | None) -> dict[str, Any] | None:
@@ -106,11 +116,14 @@ def _restore_epoch(d: dict[str, Any]) -> _Epoch:
     return ep
 
 
-def snapshot_curator(c: Curator, pool_inline: bool = True) -> dict[str, Any]:
+def snapshot_curator(
+    c: Curator, pool_inline: bool = True, secure_phases: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Everything needed to continue ``c`` exactly where it stands (JSON-safe).
 
     ``pool_inline=False`` records only how many pool rows the snapshot covers; the caller keeps
     the rows (:func:`pool_rows`) elsewhere and hands them to :func:`restore_curator`.
+    ``secure_phases``: the secure-sum rounds' record (JSON-safe; stored as given, a copy).
     """
     mwem = c._h2
     return {
@@ -141,7 +154,13 @@ def snapshot_curator(c: Curator, pool_inline: bool = True) -> dict[str, Any]:
         "epoch": _epoch_state(c.epoch),
         "ledgers": {k: v.to_dict() for k, v in c.ledgers.items()},
         "mwem_logp": _arr(mwem._logp),
+        "secure_phases": copy.deepcopy(secure_phases or {}),
     }
+
+
+def secure_record(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The secure phases' record of a snapshot (a copy; empty before version 3)."""
+    return copy.deepcopy(snapshot.get("secure_phases") or {})
 
 
 def pool_rows(c: Curator, start: int = 0) -> list[dict[str, Any]]:

@@ -13,13 +13,7 @@ import pytest
 
 from dpmarket.actors import report as report_module
 from dpmarket.actors.commands.market import print_report as _print_report
-from dpmarket.actors.curator import (
-    _coverage,
-    _moments_summary,
-    _pool_release,
-    _scan_summary,
-    result_payload,
-)
+from dpmarket.actors.curator import result_payload
 from dpmarket.actors.report import (
     CONSUMER_FIELDS,
     CONSUMER_REPORT,
@@ -30,6 +24,18 @@ from dpmarket.actors.report import (
     public_report,
     split_secure_phases,
     write_outputs,
+)
+from dpmarket.actors.securephase_journal import (
+    coverage_of as _coverage,
+)
+from dpmarket.actors.securephase_journal import (
+    moments_summary as _moments_summary,
+)
+from dpmarket.actors.securephase_journal import (
+    pool_release as _pool_release,
+)
+from dpmarket.actors.securephase_journal import (
+    scan_summary as _scan_summary,
 )
 from dpmarket.actors.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.securesum.spec import RoundResult

@@ -131,3 +131,43 @@ def test_snapshot_keeps_the_standardisation(scenario: Scenario) -> None:
     )
     assert restored.h1 == curator.h1 and restored.params.gamma == 0.25
     assert restored.params.scale == (2.0,) * k
+
+
+def test_a_new_curator_journals_its_secure_phases_record_and_v2_still_restores(
+    scenario: Scenario,
+) -> None:
+    """Version 3: a snapshot before the first secure-sum round (state "new", no release yet)
+    carries the runtime's secure-phase record through JSON and back, and the restored curator
+    starts as a fresh one would; a version 2 journal (no such key) still restores."""
+    from dpmarket.protocol.summary.journal import JOURNAL_VERSION, secure_record
+
+    record = {
+        "seq": 3,
+        "rounds": {
+            "normalise": {"state": "released", "result": {"value": [1.5, 0.1 + 0.2, 1e-300]}},
+            "scan": {"state": "opened"},
+        },
+    }
+    curator = small_curator(RUN, scenario, _params(scenario), 2)
+    snap = json.loads(json.dumps(snapshot_curator(curator, secure_phases=record)))
+    assert snap["journal_version"] == JOURNAL_VERSION == 3 and snap["state"] == "new"
+    assert secure_record(snap) == record  # floats exact through JSON
+    assert all(not ledger.events for ledger in curator.ledgers.values())
+    restored = restore_curator(
+        snap, scenario.validation, scenario.seed_set, rng=np.random.default_rng(2)
+    )
+    assert restored.state == "new"
+    _run(restored, _owners(scenario), None, restored.start())  # a "new" journal starts the run
+    fresh = small_curator(RUN, scenario, _params(scenario), 2)
+    _run(fresh, _owners(scenario), None, fresh.start())
+    assert restored.state == fresh.state == "done"
+    assert _counts(restored, "validation") == _counts(fresh, "validation") != {}
+    # a journal written by version 2 (after the secure phases, no record) still restores
+    old = json.loads(json.dumps(snapshot_curator(restored)))
+    old.pop("secure_phases")
+    old["journal_version"] = 2
+    again = restore_curator(
+        old, scenario.validation, scenario.seed_set, rng=np.random.default_rng(3)
+    )
+    assert again.state == "done" and secure_record(old) == {}
+    assert [p.token for p in again.provenance] == [p.token for p in restored.provenance]

@@ -1,0 +1,121 @@
+"""A crash during the secure-sum phases: the journal exists from the first round, resume
+completes, and every secure-sum event is charged exactly once (actors/securephase_journal.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpmarket.actors import market as market_module
+from dpmarket.actors.commands.main import main
+from tests.integration.test_market import ROOT, SMALL
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
+
+SECURE = {"normalise (secure sum)", "scan (secure sum)"}
+REPRO = ["--set", "run.reproducible_noise=true"]
+
+
+def _run(out: Path, *extra: str) -> int:
+    args = ["run", str(ROOT / "configs" / "demo.toml"), "--out", str(out), *SMALL, *REPRO]
+    return main([*args, *extra])
+
+
+def _events(report: dict[str, Any], party: str) -> list[tuple[str, int, float]]:
+    return sorted(
+        (e["label"], e["count"], e.get("sigma", 0.0))
+        for e in report["privacy"]["parties"][party]["events"]["events"]
+    )
+
+
+def _secure_counts(report: dict[str, Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for party in report["privacy"]["parties"]:
+        for e in report["privacy"]["parties"][party]["events"]["events"]:
+            if e["label"] in SECURE:
+                key = f"{party}:{e['label']}"
+                counts[key] = counts.get(key, 0) + e["count"]
+    return counts
+
+
+def _journal(out: Path) -> dict[str, Any]:
+    try:
+        return json.loads((out / ".journal" / "journal.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def test_driver_crash_after_the_secure_sums_resumes_and_charges_them_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver dies after normalise and scan released and before the first epoch (the
+    standardisation step raises): resume completes, and the ledgers equal an uninterrupted
+    run's. Before the fix there was no journal yet: resume exited 2."""
+    assert _run(tmp_path / "whole") == 0
+    whole = json.loads((tmp_path / "whole" / "report.json").read_text())
+
+    class DriverDied(BaseException):
+        pass
+
+    def die(*args: Any, **kwargs: Any) -> Any:
+        raise DriverDied
+
+    out = tmp_path / "crash"
+    with monkeypatch.context() as patch:
+        patch.setattr(market_module, "standardize", die)
+        with pytest.raises(DriverDied):
+            _run(out)
+    snapshot = _journal(out)
+    assert snapshot["state"] == "new"
+    assert {r["state"] for r in snapshot["secure_phases"]["rounds"].values()} == {"released"}
+    assert main(["resume", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    counts = _secure_counts(report)
+    assert counts and set(counts.values()) == {1}
+    for party in whole["privacy"]["parties"]:
+        assert _events(report, party) == _events(whole, party)
+    assert report["secure_phases"]["normalise"] == whole["secure_phases"]["normalise"]
+
+
+def test_curator_killed_during_the_secure_sums_is_respawned_and_charges_once(
+    tmp_path: Path,
+) -> None:
+    """The curator actor is killed from outside (ray.kill by its name) once the journal shows
+    normalise released: the driver respawns it from the journal, the run completes, and every
+    owner's ledger holds one normalise and one scan event. Before the fix: ActorDiedError."""
+    import ray
+
+    out = tmp_path / "kill"
+    finished = threading.Event()
+    killed: list[str] = []
+
+    def killer() -> None:
+        while not finished.is_set():
+            rounds = _journal(out).get("secure_phases", {}).get("rounds", {})
+            if rounds.get("normalise", {}).get("state") == "released":
+                run = "demo"
+                handle = ray.get_actor(f"dpmarket:{run}:curator", namespace=f"dpmarket-{run}")
+                ray.kill(handle, no_restart=True)
+                killed.append(str(rounds.get("scan", {}).get("state")))
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        code = _run(out)
+    finally:
+        finished.set()
+        thread.join()
+    assert killed, "the journal never showed the normalise round released"
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["secure_phases"]["curator_restarts"] == 1
+    owners = [p for p in report["privacy"]["parties"] if p.startswith("owner-")]
+    counts = _secure_counts(report)
+    assert counts == {f"{o}:{label}": 1 for o in owners for label in SECURE}
