@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +32,8 @@ from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.streams.race.lsh import make_family
 from dpmarket.streams.race.sketch import RaceSketch
-from dpmarket.streams.records.files import CsvDecoder, RejectsWriter, Schema
-from dpmarket.streams.records.tail import FileTailer
+from dpmarket.streams.records.files import CsvDecoder, Schema
+from dpmarket.streams.records.tail import FileTailer, TailBatch
 
 __all__ = ["OwnerActor", "handle_frames"]
 
@@ -63,6 +64,7 @@ class _Hosted:
     tailers: dict[str, FileTailer] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     ingested: int = 0
+    reader_errors: list[str] = field(default_factory=list)
     rejected: int = 0
     dca: OwnerSecureSum | None = None  # its secure-sum side, under the operator's trust
 
@@ -134,26 +136,37 @@ class OwnerActor:
     ) -> None:
         """Follow each input file with a tailer: every valid record (clipped to the public
         bounds by the schema) is handed to the owner party, then the file offset is committed;
-        rejects go to ``state_dir/rejects.jsonl`` with their source and byte offset. The CSV
-        files in ``headers`` have a header line (skipped, not rejected)."""
+        rejects go to ``state_dir/rejects.jsonl`` (the first input; ``rejects-KEY.jsonl`` for
+        the others: each tailer commits its rejects with its offsets) with their source and
+        byte offset. The CSV files in ``headers`` have a header line (skipped, not rejected).
+        Each tailer reads on its own thread and event loop (:func:`_read_thread`)."""
         hosted = self._owner(owner)
         state = Path(state_dir)
         state.mkdir(parents=True, exist_ok=True)
-        rejects = RejectsWriter(state / "rejects.jsonl")
-        for path in inputs:
+        loop = asyncio.get_running_loop()
+        for i, path in enumerate(inputs):
             key = hashlib.blake2b(str(Path(path).resolve()).encode(), digest_size=8).hexdigest()
             decoder = CsvDecoder(schema, header=True) if path in headers else schema
+            rejects = state / ("rejects.jsonl" if i == 0 else f"rejects-{key}.jsonl")
             tailer = FileTailer(
-                path, decoder, state / f"{key}.pos", poll_interval=poll_interval, rejects=rejects
+                path, decoder, state / f"{key}.state", poll_interval=poll_interval, rejects=rejects
             )
             hosted.tailers[path] = tailer
-            hosted.tasks.append(asyncio.get_running_loop().create_task(_follow(hosted, tailer)))
+            queue: asyncio.Queue[TailBatch | str] = asyncio.Queue()
+            reader = threading.Thread(
+                target=_read_thread, args=(tailer, queue, loop), name=f"tail:{path}", daemon=True
+            )
+            reader.start()
+            hosted.tasks.append(loop.create_task(_follow(hosted, tailer, queue)))
 
     async def ingest_status(self, owner: str) -> dict[str, Any]:
-        """Records taken in, rejects, and whether every input has been read to its current end."""
+        """Records taken in, rejects, whether every input has been read to its current end,
+        and the copytruncate gaps (bytes that existed nowhere readable, tail.py "Limits")."""
         hosted = self._owner(owner)
         caught_up = all(
-            t.read_offset >= os.path.getsize(path) if os.path.exists(path) else False
+            t.caught_up() and t.read_offset >= os.path.getsize(path)
+            if os.path.exists(path)
+            else False
             for path, t in hosted.tailers.items()
         )
         failed = [
@@ -165,8 +178,10 @@ class OwnerActor:
             "records": hosted.ingested,
             "rejected": hosted.rejected,
             "caught_up": caught_up,
-            "failed": failed,
+            "failed": failed + list(hosted.reader_errors),
             "missing": [path for path in hosted.tailers if not os.path.exists(path)],
+            "gaps": sum(t.gaps for t in hosted.tailers.values()),
+            "gap_bytes": sum(t.gap_bytes for t in hosted.tailers.values()),
         }
 
     async def warm_up(self) -> float:
@@ -247,9 +262,33 @@ def _dca_of(hosted: _Hosted, owner: str) -> OwnerSecureSum:
     return hosted.dca
 
 
-async def _follow(hosted: _Hosted, tailer: FileTailer) -> None:
-    """Hand every batch a tailer yields to the owner party, then commit the file offset."""
-    async for batch in tailer:
+def _read_thread(
+    tailer: FileTailer, queue: asyncio.Queue[TailBatch | str], owner_loop: asyncio.AbstractEventLoop
+) -> None:
+    """A tailer's own thread and event loop: reads into ``queue`` on the actor's loop, so a
+    blocked actor loop (a synchronous numba compilation in ``warm_up``, a long bid) never
+    stalls reading, and rotation is followed while the actor is busy."""
+
+    async def pump() -> None:
+        async for batch in tailer:
+            owner_loop.call_soon_threadsafe(queue.put_nowait, batch)
+
+    try:
+        asyncio.run(pump())
+    except Exception as exc:  # a message instead of a batch: reported by ingest_status
+        owner_loop.call_soon_threadsafe(queue.put_nowait, f"tailer {tailer.path}: {exc!r}")
+
+
+async def _follow(
+    hosted: _Hosted, tailer: FileTailer, queue: asyncio.Queue[TailBatch | str]
+) -> None:
+    """On the actor's loop: hand every batch the tailer thread read to the owner party, then
+    commit it (rejects and offsets together; ``commit`` never suspends)."""
+    while True:
+        batch = await queue.get()
+        if isinstance(batch, str):
+            hosted.reader_errors.append(batch)
+            return
         if len(batch):
             labels = batch.records.labels
             hosted.party.add_records(

@@ -19,7 +19,8 @@ Guarantees, for any input bytes whatsoever:
   longer than ``max_record_bytes`` is rejected as ``too_long`` either way).
 
 This module holds what touches files: the ``.npy`` reader, :func:`iter_records` over a whole
-file and the rejects file (:class:`RejectsWriter`, :func:`read_rejects`). The schema, policy,
+file and the rejects file (:class:`RejectsWriter`, :func:`read_rejects`); the tailer's state
+file lives in :mod:`~dpmarket.streams.records.position`. The schema, policy,
 batches and rejects live in :mod:`~dpmarket.streams.records.schema`, the text decoders in
 :mod:`~dpmarket.streams.records.text` and the msgpack decoder in
 :mod:`~dpmarket.streams.records.msgpack_stream`; every public name is re-exported here.
@@ -63,9 +64,9 @@ from dpmarket.streams.records.text import _scan_numbers as _scan_numbers
 __all__ = [
     "ARITY", "FORMATS", "MALFORMED", "NON_FINITE", "NON_NUMERIC", "OUT_OF_BOUNDS", "RAW_LIMIT",
     "TOO_LONG", "TRUNCATED", "ChunkDecoder", "CsvDecoder", "Decoded", "JsonlDecoder",
-    "MsgpackDecoder", "Position", "Probe", "RecordBatch", "Reject", "RejectsWriter", "Schema",
-    "SchemaError", "decode_npy", "decoder_for", "format_of", "iter_records", "load_position",
-    "probe", "read_rejects", "save_position",
+    "MsgpackDecoder", "Probe", "RecordBatch", "Reject", "RejectsWriter", "Schema",
+    "SchemaError", "decode_npy", "decoder_for", "format_of", "iter_records", "probe",
+    "read_rejects",
 ]  # fmt: skip
 
 _SUFFIXES: Final = {
@@ -204,33 +205,48 @@ def _file_batches(
                 return
 
 
-def _entry(source: str, reject: Reject) -> dict[str, object]:
+def _entry(source: str, reject: Reject, seq: int | None) -> dict[str, object]:
     raw = reject.raw.decode("utf-8", "backslashreplace")
-    return {"source": source, "offset": reject.offset, "reason": reject.reason,
+    entry: dict[str, object] = {"source": source, "offset": reject.offset, "reason": reject.reason,
             "detail": reject.detail, "length": reject.length, "raw": raw}  # fmt: skip
+    if seq is not None:
+        entry["seq"] = seq
+    return entry
 
 
 class RejectsWriter:
     """Appends rejects to a JSONL file: one object per reject with ``source`` (path),
     ``offset``, ``reason``, ``detail``, ``length`` (bytes) and ``raw`` (the first bytes of the
-    record as text, undecodable bytes backslash-escaped). ``fsync=True`` makes each
-    :meth:`write` durable before it returns."""
+    record as text, undecodable bytes backslash-escaped) and, when written with ``first_seq``,
+    ``seq`` (the tailer's running count). ``fsync=True`` makes each :meth:`write` durable
+    before it returns."""
 
     def __init__(self, path: str | Path, *, fsync: bool = False) -> None:
         self.path, self.fsync = Path(path), fsync
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
 
-    def write(self, source: str, rejects: Iterable[Reject]) -> int:
-        """Append ``rejects`` of ``source``; returns how many were written."""
+    def write(self, source: str, rejects: Iterable[Reject], first_seq: int | None = None) -> int:
+        """Append ``rejects`` of ``source`` (numbered from ``first_seq`` if given); returns how
+        many were written."""
         if self._file is None:
             raise ValueError(f"RejectsWriter for {str(self.path)!r} is closed")
-        lines = [json.dumps(_entry(source, r)) + "\n" for r in rejects]
+        lines = [
+            json.dumps(_entry(source, r, None if first_seq is None else first_seq + i)) + "\n"
+            for i, r in enumerate(rejects)
+        ]
         if lines:
             self._file.write("".join(lines))
             self._file.flush()
             if self.fsync:
                 os.fsync(self._file.fileno())
         return len(lines)
+
+    @property
+    def size(self) -> int:
+        """The rejects file's length in bytes (everything written so far is flushed)."""
+        if self._file is None:
+            raise ValueError(f"RejectsWriter for {str(self.path)!r} is closed")
+        return os.fstat(self._file.fileno()).st_size
 
     def close(self) -> None:
         """Close the file (idempotent)."""
@@ -317,62 +333,3 @@ def probe(
     n = len(batch) + len(located)
     skipped = bool(header) and fmt == "csv"
     return Probe(str(path), fmt, size, n, len(batch), located, columns, skipped, detected)
-
-
-# ------------------------------------------------ the tailer's persisted read position
-@dataclass(frozen=True, slots=True)
-class Position:
-    """Where reading resumes: file identity, byte offset (a record boundary), the decoder's
-    ``mid_record`` flag and a fingerprint (hash of the first ``min(offset, 1024)`` bytes)."""
-
-    device: int
-    inode: int
-    offset: int
-    mid_record: bool = False
-    fingerprint: str = ""
-
-
-def load_position(state_path: str | Path) -> Position | None:
-    """The persisted position, or ``None`` if there is none; refuses a corrupt state file."""
-    path = Path(state_path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    try:
-        raw = json.loads(text)
-        return Position(
-            int(raw["device"]),
-            int(raw["inode"]),
-            int(raw["offset"]),
-            bool(raw["mid_record"]),
-            str(raw["fingerprint"]),
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"state_path {str(path)!r}: not a tail position ({exc})") from None
-
-
-def save_position(state_path: str | Path, position: Position, *, fsync: bool = True) -> None:
-    """Persist ``position`` atomically: write a temp file, fsync it, ``os.replace`` it over
-    ``state_path`` (and fsync the directory), so a crash leaves the old or the new state."""
-    path = Path(state_path)
-    temp = path.with_name(path.name + ".tmp")
-    payload = {
-        "device": position.device,
-        "inode": position.inode,
-        "offset": position.offset,
-        "mid_record": position.mid_record,
-        "fingerprint": position.fingerprint,
-    }
-    with temp.open("w", encoding="utf-8") as handle:
-        handle.write(json.dumps(payload))
-        handle.flush()
-        if fsync:
-            os.fsync(handle.fileno())
-    os.replace(temp, path)
-    if fsync:
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)

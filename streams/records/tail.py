@@ -1,41 +1,46 @@
-"""Follow a growing record file and hand on each complete record exactly once.
+"""Follow a growing, rotated record file and hand on each complete record exactly once.
 
 :class:`FileTailer` is the owner's ingest source (DESIGN "The run", step 2): an async iterator of
-:class:`TailBatch` over one path, decoded by a
-:class:`~dpmarket.streams.records.files.ChunkDecoder`.
+:class:`TailBatch` over the files matching a glob next to one path (``x.log*``: the path and its
+rotated names), decoded by a :class:`~dpmarket.streams.records.files.ChunkDecoder`.
 
-Theory of operation. The tailer reads the open file with ``pread`` from ``read_offset`` and keeps
-the undecoded tail (a partial last record) in memory; it never hands on a partial record. At EOF
-it looks at the path: a different (device, inode) or a missing path means the file was rotated,
-and the tailer keeps draining the old file until it has been idle for ``rotate_wait`` seconds,
-then decodes its tail as final and opens the new path at offset 0. A file smaller than
-``read_offset`` was truncated in place (truncate or copytruncate): reading restarts at 0 and the
-held partial record is rejected as ``truncated``.
+Theory of operation (the approach of filebeat and fluent-bit). A *generation* is the content of
+one file identity: device and inode plus its first bytes (``head``), and the bytes just before
+the read offset (``mark``). Every poll lists the glob, and for each known inode re-checks head,
+mark and the held partial record against the file, so a truncate-and-regrow is seen even when
+the file grew past the read offset: a changed head is a new generation read from 0; a file
+shorter than the read offset was truncated and is read on from its new length. The replaced
+generation stays as an *orphan* for a while so that a copy of it (copytruncate: a new inode
+whose head and mark match) is adopted at the orphan's offset; a new inode matching a generation
+that is still live is a copy in progress and is left alone. A rename (``x.log -> x.log.1 ->
+x.log.2``, any number of times between two polls, or while no tailer ran) keeps the inode, so
+the file is found again under its new name and read to its end. A generation no longer at the
+path and idle for ``rotate_wait`` is finished: its partial last record is a ``truncated`` reject
+(never decoded as if it were complete); bytes appended later are read as new lines. A held
+partial record is never glued onto bytes of another generation, and a line without its newline
+is never a record.
 
-Delivery. Each batch carries the :class:`Position` just after its last consumed byte. Nothing is
-persisted when a batch is yielded; :meth:`FileTailer.commit` (after the consumer has taken the
-records in) writes the rejects of all batches up to it and then the position, atomically (temp
-file, fsync, ``os.replace``). ``commit`` never suspends, so a task cancelled in ``await commit``
-has either committed or not. A restarted tailer resumes at the committed position: records of
-batches handed on but not committed are delivered again, committed ones never (every valid record
-exactly once, provided the consumer commits after taking a batch in). A position also holds a
-fingerprint of the file's first bytes, so a file replaced under the same inode, or truncated and
-regrown while no tailer ran, is read from 0; a rotated file is found again by inode next to the
-path. Records written to a copytruncated file after the last read and before the copy exist only
-in the copy and are not seen (an inherent limit of copytruncate).
+Limits. Bytes written to a copytruncated file after the copy and before the truncation exist
+nowhere; a truncation to a non-zero length regrown past the read offset before a poll has an
+unknown cut point (reading resumes at the next line). Both count as gaps (``gaps``,
+``gap_bytes``: unread bytes known lost), reported in the owner's ingest status.
 
-Wake-ups: with ``watch=True`` a watchfiles watcher of the parent directory wakes the tailer early;
-``poll_interval`` always bounds the wait, so polling alone is correct and watchfiles is optional.
+Delivery. Each batch carries the tailer's whole state (every file's fingerprint -> offset, see
+:mod:`~dpmarket.streams.records.position`). :meth:`FileTailer.commit` (after the consumer has
+taken the records in) appends the rejects of all batches up to it, syncs them, then writes the
+state with the rejects file's length; a restarted tailer cuts the rejects file back to that
+length. Records and rejects of committed batches are never delivered again, those of batches
+not committed are, once. ``commit`` never suspends, so it may be called from another thread's
+loop while this tailer keeps reading (the owner does: actors/owner.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
+import stat
 from collections import deque
-from dataclasses import dataclass, field
-from hashlib import blake2b
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dpmarket.streams.records.files import (
@@ -43,91 +48,91 @@ from dpmarket.streams.records.files import (
     TRUNCATED,
     ChunkDecoder,
     Float32Array,
-    Position,
     RecordBatch,
     Reject,
     RejectsWriter,
     Schema,
     decoder_for,
     format_of,
-    load_position,
-    save_position,
+)
+from dpmarket.streams.records.position import (
+    FileState,
+    TailState,
+    cut_rejects,
+    load_state,
+    save_state,
 )
 
 __all__ = ["FileTailer", "TailBatch"]
 
-FINGERPRINT_BYTES = 1024
+HEAD_BYTES, MARK_BYTES = 256, 64
+ORPHAN = -1  # the device of an orphan in the state file (a generation kept for its copy)
 
 
 @dataclass(frozen=True, eq=False)
 class TailBatch:
-    """Records (and rejects) of one read of ``source``; commit it to persist ``position``.
-
-    A batch may hold no records: only rejects, or the marker of a truncation.
-    """
+    """Records (and rejects) of one read of ``source`` (``device``, ``inode``); commit it to
+    persist ``state``. A batch may hold no records, only rejects."""
 
     records: RecordBatch
     source: str
-    position: Position
+    device: int
+    inode: int
+    state: TailState
     seq: int
     token: object = field(repr=False)
 
     @property
     def features(self) -> Float32Array:
-        """The records' features, float32 ``(n, k)`` within the schema bounds."""
-        return self.records.features
+        return self.records.features  # float32 (n, k) within the schema bounds
 
     def __len__(self) -> int:
         return len(self.records)
 
 
-def _fingerprint(fd: int, offset: int) -> str:
-    """Hash of the first ``min(offset, FINGERPRINT_BYTES)`` bytes of an open file."""
-    return blake2b(os.pread(fd, min(offset, FINGERPRINT_BYTES), 0), digest_size=16).hexdigest()
-
-
 @dataclass
-class _Open:
-    """One open file being read."""
+class _Gen:
+    """One generation being read: the persisted part plus the held partial record."""
 
-    fd: int
     device: int
     inode: int
-    source: str
-    read_offset: int
-    buffer: bytes = b""
+    head: bytes
+    offset: int
+    mark: bytes = b""
     mid_record: bool = False
-    replaced_since: float | None = None
-    fingerprint: tuple[int, str] = (-1, "")
+    done: bool = False
+    source: str = ""
+    buffer: bytes = b""
+    size: int = 0
+    idle_since: float | None = None
+    orphaned: int = 0  # the poll at which it became an orphan
 
-    def position(self, offset: int, mid_record: bool) -> Position:
-        known = min(offset, FINGERPRINT_BYTES)
-        if self.fingerprint[0] != known:
-            self.fingerprint = (known, _fingerprint(self.fd, offset))
-        return Position(self.device, self.inode, offset, mid_record, self.fingerprint[1])
+    @property
+    def read_offset(self) -> int:
+        return self.offset + len(self.buffer)
+
+    def frozen(self, orphan: bool = False) -> FileState:
+        device = ORPHAN if orphan else self.device
+        return FileState(device, self.inode, self.head, self.offset, self.mark,
+                         self.mid_record, self.done, self.source)  # fmt: skip
 
 
-def _find_inode(directory: Path, device: int, inode: int) -> Path | None:
-    """A regular file with this identity in ``directory`` (a rotated file), if any."""
-    try:
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                same_inode = entry.inode() == inode and entry.is_file(follow_symlinks=False)
-                if same_inode and entry.stat(follow_symlinks=False).st_dev == device:
-                    return Path(entry.path)
-    except OSError:
-        return None
-    return None
+def _prefix_match(a: bytes, b: bytes) -> bool:
+    return a[: len(b)] == b[: len(a)]
+
+
+def _mark(fd: int, offset: int) -> bytes:
+    return os.pread(fd, min(offset, MARK_BYTES), max(0, offset - MARK_BYTES))
 
 
 class FileTailer:
-    """Async iterator of :class:`TailBatch` over a growing file (see the module docstring).
+    """Async iterator of :class:`TailBatch` over a growing, rotated file (module docstring).
 
-    ``decoder`` is a chunk decoder or a :class:`Schema` (format from the path's suffix: csv,
-    jsonl or msgpack). ``state_path`` holds the committed :class:`Position`; ``rejects`` (if
-    given) receives the rejects of each batch when it is committed. Use ``async for`` and
-    ``await tailer.commit(batch)`` after taking each batch in; :meth:`aclose` (or ``async with``)
-    releases the file and the watcher.
+    ``decoder`` is a chunk decoder or a :class:`Schema` (format from the path's suffix).
+    ``pattern`` is the glob of rotated names in the path's directory (default ``NAME*``).
+    ``state_path`` holds the committed state; ``rejects`` (a path, one per tailer) receives the
+    rejects of each batch when it is committed. Use ``async for`` and ``await
+    tailer.commit(batch)`` after taking each batch in; :meth:`close` releases it.
     """
 
     def __init__(
@@ -136,11 +141,11 @@ class FileTailer:
         decoder: ChunkDecoder | Schema,
         state_path: str | Path,
         *,
+        pattern: str | None = None,
         poll_interval: float = 0.25,
         rotate_wait: float = 1.0,
         chunk_size: int = 1 << 20,
-        watch: bool = False,
-        rejects: RejectsWriter | None = None,
+        rejects: str | Path | None = None,
         fsync: bool = True,
     ) -> None:
         for name, value in (("poll_interval", poll_interval), ("rotate_wait", rotate_wait)):
@@ -149,171 +154,221 @@ class FileTailer:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
         self.path, self.state_path = Path(path), Path(state_path)
+        self.pattern = pattern if pattern is not None else self.path.name + "*"
         if isinstance(decoder, Schema):
             decoder = decoder_for(format_of(self.path), decoder)
-        self.decoder, self.rejects, self.fsync, self.watch = decoder, rejects, fsync, watch
-        self.poll_interval, self.rotate_wait = poll_interval, rotate_wait
-        self.chunk_size = chunk_size
-        self.committed: Position | None = load_position(self.state_path)
-        self._file: _Open | None = None
-        self._started = False
+        self.decoder, self.fsync = decoder, fsync
+        self.poll_interval, self.rotate_wait, self.chunk_size = (
+            poll_interval,
+            rotate_wait,
+            chunk_size,
+        )
+        self.committed: TailState = load_state(self.state_path) or TailState()
+        self._gens: dict[tuple[int, int], _Gen] = {}
+        self._orphans: list[_Gen] = []
+        for f in self.committed.files:
+            gen = _Gen(f.device, f.inode, f.head, f.offset, f.mark, f.mid_record, f.done, f.source)
+            if f.device == ORPHAN:
+                self._orphans.append(gen)
+            else:
+                self._gens[f.device, f.inode] = gen
+        self.gaps, self.gap_bytes = self.committed.gaps, self.committed.gap_bytes
+        self._writer: RejectsWriter | None = None
+        if rejects is not None:
+            cut_rejects(rejects, self.committed.rejects_bytes)
+            self._writer = RejectsWriter(rejects, fsync=fsync)
+        self._rejects_count = self.committed.rejects_count
+        self.polls = 0
         self._seq = self._committed_seq = 0
         self._pending: deque[tuple[int, str, tuple[Reject, ...]]] = deque()
+        self._ready: deque[TailBatch] = deque()
         self._token = object()
-        self._wake = asyncio.Event()
-        self._stop = asyncio.Event()
-        self._watcher: asyncio.Task[None] | None = None
+        self._closed = False
 
     @property
     def read_offset(self) -> int:
-        """Bytes read from the current file so far (a held partial record included)."""
-        return self._file.read_offset if self._file is not None else 0
+        """Bytes read from the file now at the path (a held partial record included)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return 0
+        gen = self._gens.get((st.st_dev, st.st_ino))
+        return gen.read_offset if gen is not None else 0
 
-    # ------------------------------------------------------------------ iteration
+    def caught_up(self) -> bool:
+        """Whether every known file was read to the size last seen and no batch waits."""
+        return not self._ready and all(g.read_offset >= g.size for g in list(self._gens.values()))
+
     def __aiter__(self) -> FileTailer:
         return self
 
     async def __anext__(self) -> TailBatch:
         await asyncio.sleep(0)  # let other tasks run; a cancellation here changes nothing
-        if not self._started:
-            self._started = True
-            self._resume()
-            if self.watch:
-                self._watcher = asyncio.get_running_loop().create_task(self._watch())
-        while not self._stop.is_set():
-            batch, progressed = self._step()
-            if batch is not None:
-                return batch
-            if not progressed:
-                await self._sleep()
+        while not self._closed:
+            if self._ready:
+                return self._ready.popleft()
+            if not self._scan(asyncio.get_running_loop().time()):
+                await asyncio.sleep(self.poll_interval)
         raise StopAsyncIteration
 
-    async def _sleep(self) -> None:
-        with contextlib.suppress(TimeoutError):  # the poll interval ran out: poll anyway
-            async with asyncio.timeout(self.poll_interval):
-                await self._wake.wait()
-        self._wake.clear()
-
-    async def _watch(self) -> None:
-        """Set the wake-up event on every change in the parent directory (best effort)."""
-        try:
-            import watchfiles
-
-            async for _ in watchfiles.awatch(
-                self.path.parent,
-                watch_filter=None,
-                debounce=200,
-                step=10,
-                stop_event=self._stop,
-                recursive=False,
-            ):
-                self._wake.set()
-        except Exception:  # no watcher (import, OS limits): polling alone stays correct
-            return
-
-    # ------------------------------------------------------------------ reading
-    def _resume(self) -> None:
-        """Open the committed file at its offset: the path itself, or the rotated file found
-        next to it by inode; otherwise the path is read from 0 once it exists."""
-        state = self.committed
-        if state is None:
-            return
+    def _scan(self, now: float) -> bool:
+        """One poll of every file under the glob; returns whether anything was read."""
+        self.polls += 1
+        seen: dict[tuple[int, int], Path] = {}
+        for p in sorted(self.path.parent.glob(self.pattern), reverse=True):
+            try:
+                st = os.lstat(p)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                seen[st.st_dev, st.st_ino] = p
         try:
             st = os.stat(self.path)
-            same = (st.st_dev, st.st_ino) == (state.device, state.inode)
+            at_path = (st.st_dev, st.st_ino)
         except FileNotFoundError:
-            same = False
-        found = self.path if same else _find_inode(self.path.parent, state.device, state.inode)
-        if found is not None:
-            self._open(found, state)
+            at_path = None
+        progressed = False
+        for key, gen in list(self._gens.items()):
+            if key not in seen:  # deleted or moved away from the glob: its partial record is lost
+                del self._gens[key]
+                self._finish(gen, "file gone")
+        known = set(self._gens)  # known inodes first: a copy is adopted once its original went
+        for key, path in sorted(seen.items(), key=lambda kv: kv[0] not in known):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                if key in known:
+                    progressed |= self._known(self._gens[key], fd, path)
+                else:
+                    progressed |= self._new(key, fd, path)
+            finally:
+                os.close(fd)
+        for key, gen in self._gens.items():  # a rotated generation, idle: finish it
+            idle = key != at_path and gen.read_offset >= gen.size and not gen.done
+            if not idle:
+                gen.idle_since = None
+            elif gen.idle_since is None:
+                gen.idle_since = now
+            elif now - gen.idle_since >= self.rotate_wait:
+                self._finish(gen, "partial last record of a rotated file")
+                gen.done = progressed = True
+        for orphan in [o for o in self._orphans if self.polls - o.orphaned >= 3]:
+            self._orphans.remove(orphan)  # no copy of it appeared
+            if orphan.size > orphan.read_offset:
+                self.gaps, self.gap_bytes = (
+                    self.gaps + 1,
+                    self.gap_bytes + orphan.size - orphan.read_offset,
+                )
+            self._finish(orphan, "file truncated")
+        return progressed
 
-    def _open(self, path: Path, resume: Position | None) -> bool:
-        """Open ``path`` at ``resume`` if it is that very file (identity, size, fingerprint);
-        the watched path otherwise opens at 0, any other path is refused."""
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+    def _known(self, gen: _Gen, fd: int, path: Path) -> bool:
+        """Re-check a known inode's generation against the file, then read on."""
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, min(size, HEAD_BYTES), 0)
+        gen.source = str(path)
+        if not _prefix_match(head, gen.head) or (size == 0 and gen.read_offset > 0):
+            self._orphan(gen)  # new content under the same inode (or emptied): from 0
+            self._gens[gen.device, gen.inode] = _Gen(
+                gen.device, gen.inode, b"", 0, source=str(path)
+            )
+            return self._read(self._gens[gen.device, gen.inode], fd, size, head)
+        if size < gen.read_offset:  # truncated in place: read on from the new length
+            self._orphan(gen)
+            fresh = _Gen(gen.device, gen.inode, head, size, _mark(fd, size), source=str(path))
+            self._gens[gen.device, gen.inode] = fresh
+            return True
+        if (
+            _mark(fd, gen.offset) != gen.mark
+            or os.pread(fd, len(gen.buffer), gen.offset) != gen.buffer
+        ):
+            # cut below the read offset and regrown past it: the cut point is unknown
+            self.gaps += 1
+            self._finish(gen, "file rewritten")
+            gen.mid_record = True  # resume at the next line: never glue, never repeat
+            gen.mark = _mark(fd, gen.offset)
+        return self._read(gen, fd, size, head)
+
+    def _new(self, key: tuple[int, int], fd: int, path: Path) -> bool:
+        """A new inode: the copy of an orphan (adopted at its offset), a copy in progress of a
+        live generation (left alone), or a new file read from 0."""
+        size = os.fstat(fd).st_size
+        if size == 0:
             return False
-        st = os.fstat(fd)
-        opened = _Open(fd, st.st_dev, st.st_ino, str(path), 0)
-        same = (
-            resume is not None
-            and (st.st_dev, st.st_ino) == (resume.device, resume.inode)
-            and st.st_size >= resume.offset
-            and opened.position(resume.offset, False).fingerprint == resume.fingerprint
+        head = os.pread(fd, min(size, HEAD_BYTES), 0)
+
+        def copy_of(g: _Gen) -> bool:
+            return (
+                bool(g.head)
+                and _prefix_match(head, g.head)
+                and (size < g.offset or _mark(fd, g.offset) == g.mark)
+            )
+
+        if any(copy_of(g) and g.read_offset > 0 for g in self._gens.values()):
+            return False  # a copy of a live generation, being made
+        for orphan in self._orphans:
+            if copy_of(orphan):
+                if size < orphan.offset:
+                    return False  # the copy is still being written
+                self._orphans.remove(orphan)
+                if orphan.size > max(size, orphan.read_offset):  # written after the copy
+                    self.gaps += 1
+                    self.gap_bytes += orphan.size - max(size, orphan.read_offset)
+                gen = replace(orphan, device=key[0], inode=key[1], source=str(path), size=size)
+                if size < gen.read_offset:  # the held partial is not in the copy
+                    self._finish(gen, "file truncated")
+                self._gens[key] = gen
+                return self._read(gen, fd, size, head)
+        gen = _Gen(key[0], key[1], b"", 0, source=str(path))
+        self._gens[key] = gen
+        return self._read(gen, fd, size, head)
+
+    def _orphan(self, gen: _Gen) -> None:
+        gen.orphaned = self.polls
+        self._orphans.append(gen)
+
+    def _read(self, gen: _Gen, fd: int, size: int, head: bytes) -> bool:
+        """Read up to ``chunk_size`` new bytes of ``gen`` and decode its complete records."""
+        if len(head) > len(gen.head):
+            gen.head = head
+        grew, gen.size = size > gen.size, size
+        if size <= gen.read_offset:
+            return grew
+        gen.done, gen.idle_since = False, None
+        data = os.pread(fd, min(self.chunk_size, size - gen.read_offset), gen.read_offset)
+        out = self.decoder.decode(
+            gen.buffer + data, gen.offset, final=False, mid_record=gen.mid_record
         )
-        if resume is not None and same:
-            opened.read_offset, opened.mid_record = resume.offset, resume.mid_record
-        elif path != self.path:
-            os.close(fd)
-            return False
-        self._file = opened
+        gen.offset, gen.buffer = gen.read_offset + len(data) - len(out.remainder), out.remainder
+        gen.mid_record = out.mid_record
+        gen.mark = _mark(fd, gen.offset)
+        if len(out.batch) or out.batch.rejects:
+            self._emit(gen, out.batch)
         return True
 
-    def _step(self) -> tuple[TailBatch | None, bool]:
-        """One read: ``(batch or None, whether anything changed)``."""
-        f = self._file
-        if f is None:
-            self._open(self.path, None)
-            f = self._file
-            if f is None:
-                return None, False
-        size = os.fstat(f.fd).st_size
-        if size < f.read_offset:
-            return self._truncated(f), True
-        if size > f.read_offset:
-            f.replaced_since = None
-            data = os.pread(f.fd, min(self.chunk_size, size - f.read_offset), f.read_offset)
-            return self._decode(f, data, final=False), True
-        if not self._replaced(f):
-            f.replaced_since = None
-            return None, False
-        now = asyncio.get_running_loop().time()
-        if f.replaced_since is None:
-            f.replaced_since = now
-        if now - f.replaced_since < self.rotate_wait:
-            return None, False
-        batch = self._decode(f, b"", final=True)
-        os.close(f.fd)
-        self._file = None
-        return batch, True
+    def _finish(self, gen: _Gen, why: str) -> None:
+        """End ``gen``'s held partial record: a ``truncated`` reject, never a record."""
+        if gen.buffer:
+            reject = Reject(gen.offset, TRUNCATED, why, gen.buffer[:RAW_LIMIT], len(gen.buffer))
+            gen.offset, gen.buffer = gen.read_offset, b""
+            self._emit(
+                gen, RecordBatch.empty(self.decoder.schema, gen.offset, gen.offset, (reject,))
+            )
+        gen.mid_record = False
 
-    def _replaced(self, f: _Open) -> bool:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return True
-        return (st.st_dev, st.st_ino) != (f.device, f.inode)
-
-    def _decode(self, f: _Open, data: bytes, *, final: bool) -> TailBatch | None:
-        base = f.read_offset - len(f.buffer)
-        out = self.decoder.decode(f.buffer + data, base, final=final, mid_record=f.mid_record)
-        f.read_offset += len(data)
-        f.buffer, f.mid_record = out.remainder, out.mid_record
-        if not (len(out.batch) or out.batch.rejects):
-            return None
-        return self._batch(f, out.batch, f.position(out.batch.end, out.mid_record))
-
-    def _truncated(self, f: _Open) -> TailBatch:
-        """The file shrank below what was read: reject the held partial record, restart at 0."""
-        start = f.read_offset - len(f.buffer)
-        rejects = (
-            (Reject(start, TRUNCATED, "file truncated", f.buffer[:RAW_LIMIT], len(f.buffer)),)
-            if f.buffer
-            else ()
-        )
-        f.read_offset, f.buffer, f.mid_record, f.fingerprint = 0, b"", False, (-1, "")
-        records = RecordBatch.empty(self.decoder.schema, 0, 0, rejects)
-        return self._batch(f, records, f.position(0, False))
-
-    def _batch(self, f: _Open, records: RecordBatch, position: Position) -> TailBatch:
+    def _emit(self, gen: _Gen, records: RecordBatch) -> None:
         self._seq += 1
-        self._pending.append((self._seq, f.source, records.rejects))
-        return TailBatch(records, f.source, position, self._seq, self._token)
+        files = tuple(g.frozen() for g in self._gens.values())
+        files += tuple(o.frozen(orphan=True) for o in self._orphans)
+        state = TailState(files, 0, 0, self.gaps, self.gap_bytes)
+        self._pending.append((self._seq, gen.source, records.rejects))
+        batch = TailBatch(records, gen.source, gen.device, gen.inode, state, self._seq, self._token)
+        self._ready.append(batch)
 
-    # ------------------------------------------------------------------ delivery
     async def commit(self, batch: TailBatch) -> None:
-        """Persist delivery of ``batch`` and of every batch before it (rejects, then position).
+        """Persist delivery of ``batch`` and of every batch before it (rejects, then state).
 
         Committing an already committed batch does nothing; a batch of another tailer raises
         ``ValueError``. Does not suspend: it completes or raises before any other task runs.
@@ -324,28 +379,21 @@ class FileTailer:
             return
         while self._pending and self._pending[0][0] <= batch.seq:
             _, source, rejects = self._pending.popleft()
-            if self.rejects is not None and rejects:
-                self.rejects.write(source, rejects)
-        save_position(self.state_path, batch.position, fsync=self.fsync)
-        self.committed, self._committed_seq = batch.position, batch.seq
+            if self._writer is not None and rejects:
+                self._rejects_count += self._writer.write(source, rejects, self._rejects_count)
+        size = self._writer.size if self._writer is not None else 0
+        state = replace(batch.state, rejects_count=self._rejects_count, rejects_bytes=size)
+        save_state(self.state_path, state, fsync=self.fsync)
+        self.committed, self._committed_seq = state, batch.seq
 
     def close(self) -> None:
-        """Stop iterating (a waiting ``__anext__`` ends) and close the file; idempotent."""
-        self._stop.set()
-        self._wake.set()
-        if self._file is not None:
-            os.close(self._file.fd)
-            self._file = None
-
-    async def aclose(self) -> None:
-        """:meth:`close`, then wait for the directory watcher to stop."""
-        self.close()
-        if self._watcher is not None:
-            await asyncio.gather(self._watcher, return_exceptions=True)
-            self._watcher = None
+        """Stop iterating (a waiting ``__anext__`` ends at its next poll); idempotent."""
+        self._closed = True
+        if self._writer is not None:
+            self._writer.close()
 
     async def __aenter__(self) -> FileTailer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        self.close()

@@ -22,13 +22,10 @@ from dpmarket.streams.records.files import (
     TRUNCATED,
     ChunkDecoder,
     MsgpackDecoder,
-    Position,
-    RejectsWriter,
     Schema,
-    load_position,
     read_rejects,
-    save_position,
 )
+from dpmarket.streams.records.position import FileState, TailState, load_state, save_state
 from dpmarket.streams.records.tail import FileTailer, TailBatch
 
 SCHEMA = Schema.box(2, 0.0, 1e6)
@@ -42,8 +39,7 @@ def tail(
     poll_interval: float = 0.01,
     rotate_wait: float = 0.3,
     chunk_size: int = 1 << 20,
-    watch: bool = False,
-    rejects: RejectsWriter | None = None,
+    rejects: Path | None = None,
     fsync: bool = False,
 ) -> FileTailer:
     """A tailer with test-friendly timings."""
@@ -54,7 +50,6 @@ def tail(
         poll_interval=poll_interval,
         rotate_wait=rotate_wait,
         chunk_size=chunk_size,
-        watch=watch,
         rejects=rejects,
         fsync=fsync,
     )
@@ -99,7 +94,7 @@ async def test_partial_line_is_held_back_until_complete(tmp_path: Path) -> None:
     path.write_bytes(b"1,1\n2,")
     async with tail(path, tmp_path / "state") as tailer:
         first = await asyncio.wait_for(anext(tailer), 10)
-        assert ids(first) == [1] and first.position.offset == 4
+        assert ids(first) == [1] and first.records.end == 4
         pending = asyncio.ensure_future(anext(tailer))
         await asyncio.sleep(0.1)
         assert not pending.done()  # "2," is not a record yet
@@ -137,15 +132,14 @@ async def test_concurrent_writer_with_garbage_lines_exactly_once(tmp_path: Path)
             n_bad += 1
     path, rejects_path = tmp_path / "a.csv", tmp_path / "rejects.jsonl"
     sink: list[int] = []
-    with RejectsWriter(rejects_path) as rejects:
-        tailer = tail(path, tmp_path / "state", rejects=rejects)
-        async with tailer:
-            await asyncio.gather(
-                asyncio.to_thread(write_in_pieces, path, b"".join(parts), 2),
-                take(tailer, 2000, sink),
-            )
-            await wait_until(lambda: tailer.read_offset == path.stat().st_size)
-            exactly_once(sink, range(2000))
+    tailer = tail(path, tmp_path / "state", rejects=rejects_path)
+    async with tailer:
+        await asyncio.gather(
+            asyncio.to_thread(write_in_pieces, path, b"".join(parts), 2),
+            take(tailer, 2000, sink),
+        )
+        await wait_until(lambda: tailer.read_offset == path.stat().st_size)
+        exactly_once(sink, range(2000))
     entries = read_rejects(rejects_path)
     assert len(entries) == n_bad > 50
     assert all(e["source"] == str(path) for e in entries)
@@ -169,32 +163,42 @@ async def test_rotation_mid_write_drains_the_old_file(tmp_path: Path) -> None:
     async with tail(path, tmp_path / "state", rotate_wait=1.0) as tailer:
         await asyncio.gather(writer(), take(tailer, 300, sink))
     exactly_once(sink, range(300))
-    position = load_position(tmp_path / "state")
-    assert position is not None and position.inode == path.stat().st_ino
+    state = load_state(tmp_path / "state")
+    assert state is not None and path.stat().st_ino in {f.inode for f in state.files}
 
 
 @pytest.mark.asyncio
 async def test_truncation_restarts_at_zero_and_rejects_the_held_partial(tmp_path: Path) -> None:
     path, sink, rejects_path = tmp_path / "a.csv", list[int](), tmp_path / "rejects.jsonl"
     path.write_bytes(lines(0, 50))
-    with RejectsWriter(rejects_path) as rejects:
-        tailer = tail(path, tmp_path / "state", rejects=rejects)
-        async with tailer:
-            await take(tailer, 50, sink)
-            append(path, b"777,")
-            pending = asyncio.ensure_future(anext(tailer))
-            await wait_until(lambda: tailer.read_offset == path.stat().st_size)
-            os.truncate(path, 0)
-            marker = await asyncio.wait_for(pending, 10)
-            assert len(marker) == 0 and marker.position.offset == 0
-            assert [r.reason for r in marker.records.rejects] == [TRUNCATED]
-            await tailer.commit(marker)
-            append(path, lines(50, 120))
-            await take(tailer, 120, sink)
+    tailer = tail(path, tmp_path / "state", rejects=rejects_path)
+    async with tailer:
+        await take(tailer, 50, sink)
+        append(path, b"777,")
+        await wait_until(lambda: (tailer._scan(0.0), tailer.read_offset)[1] == path.stat().st_size)
+        os.truncate(path, 0)
+        append(path, lines(50, 120))  # regrown past the old offset before the next poll
+        await take(tailer, 120, sink)
+        while tailer._ready or not tailer.committed.rejects_count:  # the truncated reject
+            await tailer.commit(await anext(tailer))
     exactly_once(sink, range(120))
     (entry,) = read_rejects(rejects_path)
     assert entry["reason"] == TRUNCATED and entry["raw"] == "777,"
     assert entry["offset"] == len(lines(0, 50))
+
+
+@pytest.mark.asyncio
+async def test_truncation_to_a_nonzero_length_reads_on_without_duplicates(tmp_path: Path) -> None:
+    path, sink = tmp_path / "a.csv", list[int]()
+    path.write_bytes(lines(0, 50))
+    tailer = tail(path, tmp_path / "state")
+    async with tailer:
+        await take(tailer, 50, sink)
+        os.truncate(path, len(lines(0, 20)))
+        tailer._scan(0.0)  # the tailer sees the file shorter than its offset
+        append(path, lines(50, 80))
+        await take(tailer, 80, sink)
+    exactly_once(sink, range(80))
 
 
 @pytest.mark.asyncio
@@ -203,11 +207,8 @@ async def test_copytruncate_keeps_reading_the_same_path(tmp_path: Path) -> None:
     path.write_bytes(lines(0, 80))
     async with tail(path, tmp_path / "state") as tailer:
         await take(tailer, 80, sink)
-        pending = asyncio.ensure_future(anext(tailer))
-        shutil.copyfile(path, tmp_path / "a.csv.1")
+        shutil.copyfile(path, tmp_path / "a.csv.1")  # the copy is not read again
         os.truncate(path, 0)
-        marker = await asyncio.wait_for(pending, 10)
-        assert len(marker) == 0 and not marker.records.rejects
         await asyncio.gather(
             asyncio.to_thread(write_in_pieces, path, lines(80, 200), 3), take(tailer, 200, sink)
         )
@@ -295,20 +296,6 @@ async def test_msgpack_stream_in_random_pieces(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_missing_file_is_awaited_and_watch_wakes_the_tailer(tmp_path: Path) -> None:
-    path, sink = tmp_path / "a.csv", list[int]()
-    async with tail(path, tmp_path / "state", poll_interval=30.0, watch=True) as tailer:
-        pending = asyncio.ensure_future(take(tailer, 1, sink, timeout=20))
-        for i in range(15):  # keep appending until the watcher (once started) sees a change
-            await asyncio.sleep(0.5)
-            if pending.done():
-                break
-            append(path, lines(i, i + 1))
-        await asyncio.wait_for(pending, 5)
-    assert sink == [0]
-
-
-@pytest.mark.asyncio
 async def test_commit_is_monotonic_and_refuses_foreign_batches(tmp_path: Path) -> None:
     path, state = tmp_path / "a.csv", tmp_path / "state"
     path.write_bytes(lines(0, 3))
@@ -317,24 +304,24 @@ async def test_commit_is_monotonic_and_refuses_foreign_batches(tmp_path: Path) -
         first, second = await anext(tailer), await anext(tailer)
         assert (ids(first), ids(second)) == ([0], [1])
         await tailer.commit(second)
-        saved = load_position(state)
-        assert saved == second.position == tailer.committed
+        saved = load_state(state)
+        assert saved == tailer.committed and saved.files[0].offset == second.records.end
         await tailer.commit(first)  # older: nothing changes
-        assert load_position(state) == saved
+        assert load_state(state) == saved
         with pytest.raises(ValueError, match="not from this tailer"):
             await other.commit(first)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "state"]
 
 
-def test_position_file_round_trip_and_corruption(tmp_path: Path) -> None:
+def test_state_file_round_trip_and_corruption(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    assert load_position(state) is None
-    position = Position(1, 2, 3, True, "ab")
-    save_position(state, position)
-    assert load_position(state) == position
+    assert load_state(state) is None
+    saved = TailState((FileState(1, 2, b"ab", 3, b"b", True, False, "x"),), 4, 5, 1, 7)
+    save_state(state, saved)
+    assert load_state(state) == saved
     state.write_text("{not json")
     with pytest.raises(ValueError, match="state_path"):
-        load_position(state)
+        load_state(state)
 
 
 def test_tailer_arguments_are_checked(tmp_path: Path) -> None:
@@ -345,3 +332,86 @@ def test_tailer_arguments_are_checked(tmp_path: Path) -> None:
         FileTailer(tmp_path / "a.csv", SCHEMA, state, chunk_size=0)
     with pytest.raises(ValueError, match="fmt"):
         FileTailer(tmp_path / "a.npy", SCHEMA, state)
+
+
+def rotate(path: Path) -> None:
+    """A rename rotation: x.N -> x.N+1 for every rotated name, then x -> x.1."""
+    rotated = sorted((int(p.name.rsplit(".", 1)[1]), p) for p in path.parent.glob(path.name + ".*"))
+    for n, p in reversed(rotated):
+        os.rename(p, path.with_name(f"{path.name}.{n + 1}"))
+    if path.exists():
+        os.rename(path, path.with_name(path.name + ".1"))
+
+
+@pytest.mark.asyncio
+async def test_two_rotations_between_polls_and_while_down_lose_no_file(tmp_path: Path) -> None:
+    path, state, sink = tmp_path / "a.csv", tmp_path / "state", list[int]()
+    path.write_bytes(lines(0, 10))
+    async with tail(path, state) as tailer:
+        await take(tailer, 10, sink)
+        append(path, lines(10, 20))
+        rotate(path)  # a.csv -> a.csv.1
+        path.write_bytes(lines(20, 30))
+        rotate(path)  # a.csv.1 -> a.csv.2, a.csv -> a.csv.1: both before the next poll
+        path.write_bytes(lines(30, 40))
+        await take(tailer, 40, sink)
+    append(path, lines(40, 50))  # while no tailer runs
+    rotate(path)
+    path.write_bytes(lines(50, 60))
+    rotate(path)
+    async with tail(path, state) as tailer:
+        await take(tailer, 60, sink)
+    exactly_once(sink, range(60))
+
+
+@pytest.mark.asyncio
+async def test_half_written_last_record_of_a_rotated_file_is_a_reject(tmp_path: Path) -> None:
+    path, sink, rejects_path = tmp_path / "a.csv", list[int](), tmp_path / "rejects.jsonl"
+    path.write_bytes(lines(0, 5) + b"370.2")
+    tailer = tail(path, tmp_path / "state", rotate_wait=0.05, rejects=rejects_path)
+    async with tailer:
+        await take(tailer, 5, sink)
+        rotate(path)
+        path.write_bytes(lines(5, 10))
+        await take(tailer, 10, sink)
+        while not tailer.committed.rejects_count:
+            await tailer.commit(await asyncio.wait_for(anext(tailer), 10))
+    exactly_once(sink, range(10))
+    (entry,) = read_rejects(rejects_path)
+    assert (entry["reason"], entry["raw"], entry["offset"]) == (TRUNCATED, "370.2", 30)
+
+
+@pytest.mark.asyncio
+async def test_copytruncate_regrow_and_rename_while_down(tmp_path: Path) -> None:
+    path, state, sink = tmp_path / "a.csv", tmp_path / "state", list[int]()
+    path.write_bytes(lines(0, 50))
+    async with tail(path, state) as tailer:
+        await take(tailer, 50, sink)
+    append(path, lines(50, 70))  # not read before the copy
+    shutil.copyfile(path, tmp_path / "a.csv.1")
+    os.truncate(path, 0)
+    append(path, lines(70, 150))  # regrown past the old offset
+    rotate(path)  # a.csv.1 (the copy) -> a.csv.2, a.csv -> a.csv.1
+    path.write_bytes(lines(150, 160))
+    async with tail(path, state) as tailer:
+        await take(tailer, 160, sink)
+    exactly_once(sink, range(160))
+
+
+@pytest.mark.asyncio
+async def test_rejects_written_before_a_crash_are_cut_back_not_repeated(tmp_path: Path) -> None:
+    path, state, rejects_path = tmp_path / "a.csv", tmp_path / "state", tmp_path / "r.jsonl"
+    path.write_bytes(lines(0, 3) + b"bad,1\n" + lines(3, 6) + b"1,2,3\n")
+    async with tail(path, state, rejects=rejects_path, chunk_size=24) as tailer:
+        batches = [await anext(tailer) for _ in range(2)]
+        await tailer.commit(batches[0])
+        committed = rejects_path.stat().st_size
+        # the crash: rejects of the next batch appended, the state not yet replaced
+        tailer._writer.write(str(path), batches[1].records.rejects, 99)  # type: ignore[union-attr]
+    assert rejects_path.stat().st_size > committed
+    sink: list[int] = []
+    async with tail(path, state, rejects=rejects_path) as tailer:
+        assert rejects_path.stat().st_size == committed
+        await take(tailer, 6 - sum(len(b) for b in batches[:1]), sink)
+    entries = read_rejects(rejects_path)
+    assert [(e["raw"], e["seq"]) for e in entries] == [("bad,1", 0), ("1,2,3", 1)]
