@@ -331,8 +331,16 @@ def run_market(
         utility or None,
         curves,
     )
-    rejects = {
-        o: (int(st["rejected_records"]), str(attempt_dir / o / "rejects.jsonl"))
+    files = inputs.files or {}
+    rejects = {  # one rejects file per input (rejects.jsonl, then rejects-KEY.jsonl)
+        o: (
+            int(st["rejected_records"]),
+            str(
+                attempt_dir
+                / o
+                / ("rejects*.jsonl" if len(files.get(o, [])) > 1 else "rejects.jsonl")
+            ),
+        )
         for o, st in payload["owners"].items()
         if inputs.files is not None
     }
