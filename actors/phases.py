@@ -174,7 +174,7 @@ def secure_phases(
         if name in handles:
             ray.kill(handles[name], no_restart=True)
     progress("owners: compiling sketch kernels")
-    ray.get([h.warm_up.remote() for h in unique_actors(market.owners)])
+    _gather_alive([h.warm_up.remote() for h in unique_actors(market.owners)])
     progress("secure sums: normalise and scan")
     market.compute_nodes = handles  # killed with the market
     restarts = 0
@@ -198,18 +198,38 @@ def secure_phases(
     return result
 
 
+def _gather_alive(calls: list[Any]) -> list[Any]:
+    """``ray.get`` of each call, None for one whose actor died (``RayActorError``): an owner
+    lost before the secure sums is absent from their rounds, and the rounds' T-tolerance
+    decides (actors/dca.py), not an exception here."""
+    import ray
+
+    out: list[Any] = []
+    for call in calls:
+        try:
+            out.append(ray.get(call))
+        except ray.exceptions.RayActorError:
+            out.append(None)
+    return out
+
+
 def _spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     """Each compute node's actor gets its private key (made in :func:`prepare_secure`) and the
     owners' public keys, which the operator asks the owners for directly (never through the
     curator): a registration under another key is refused at the node; and the round plan,
     so a node opens no round below the plan's sigma floor or beyond its count."""
-    import ray
 
     from dpmarket.actors.compute import ComputeNodeActor
+    from dpmarket.protocol.securesum.sealing import generate_keypair
 
     owners, dca = market.owners, prep.config
-    publics = ray.get([owners[o].dca_identity.remote(o) for o in dca.clients])
-    client_keys = dict(zip(dca.clients, publics, strict=True))
+    publics = _gather_alive([owners[o].dca_identity.remote(o) for o in dca.clients])
+    # an owner whose actor died before it answered is pinned to a key nobody holds (its
+    # private half is dropped here): it cannot register, so it is absent from every round
+    client_keys = {
+        o: key if key is not None else generate_keypair()[1]
+        for o, key in zip(dca.clients, publics, strict=True)
+    }
     return {
         name: ComputeNodeActor.options(  # type: ignore[attr-defined]
             **actor_options(market.run_id, name)
