@@ -106,6 +106,7 @@ class _Gen:
     size: int = 0
     idle_since: float | None = None
     orphaned: int = 0  # the poll at which it became an orphan
+    missing: int = 0  # consecutive polls whose listing missed it
 
     @property
     def read_offset(self) -> int:
@@ -158,11 +159,8 @@ class FileTailer:
         if isinstance(decoder, Schema):
             decoder = decoder_for(format_of(self.path), decoder)
         self.decoder, self.fsync = decoder, fsync
-        self.poll_interval, self.rotate_wait, self.chunk_size = (
-            poll_interval,
-            rotate_wait,
-            chunk_size,
-        )
+        self.poll_interval, self.rotate_wait = poll_interval, rotate_wait
+        self.chunk_size = chunk_size
         self.committed: TailState = load_state(self.state_path) or TailState()
         self._gens: dict[tuple[int, int], _Gen] = {}
         self._orphans: list[_Gen] = []
@@ -228,8 +226,9 @@ class FileTailer:
         except FileNotFoundError:
             at_path = None
         progressed = False
-        for key, gen in list(self._gens.items()):
-            if key not in seen:  # deleted or moved away from the glob: its partial record is lost
+        for key, gen in list(self._gens.items()):  # a file renamed while listed can miss one
+            gen.missing = 0 if key in seen else gen.missing + 1  # listing: gone (its partial
+            if gen.missing >= 3:  # record lost) after 3, else it would be re-read from 0
                 del self._gens[key]
                 self._finish(gen, "file gone")
         known = set(self._gens)  # known inodes first: a copy is adopted once its original went
@@ -239,6 +238,9 @@ class FileTailer:
             except FileNotFoundError:
                 continue
             try:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) != key:  # renamed since listed: another file now
+                    continue
                 if key in known:
                     progressed |= self._known(self._gens[key], fd, path)
                 else:
@@ -257,10 +259,8 @@ class FileTailer:
         for orphan in [o for o in self._orphans if self.polls - o.orphaned >= 3]:
             self._orphans.remove(orphan)  # no copy of it appeared
             if orphan.size > orphan.read_offset:
-                self.gaps, self.gap_bytes = (
-                    self.gaps + 1,
-                    self.gap_bytes + orphan.size - orphan.read_offset,
-                )
+                self.gaps += 1
+                self.gap_bytes += orphan.size - orphan.read_offset
             self._finish(orphan, "file truncated")
         return progressed
 
