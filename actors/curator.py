@@ -23,7 +23,11 @@ import ray
 
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.refresh import PoolRefresher, finish_refresh, stop_after_refusal
-from dpmarket.actors.securephase_journal import SecureHost, run_secure_phases
+from dpmarket.actors.securephase_journal import (
+    SecureHost,
+    charge_lost_refreshes,
+    run_secure_phases,
+)
 from dpmarket.actors.transport import FaultPlan, RayTransport
 from dpmarket.protocol.securesum.spec import RoundResult
 from dpmarket.protocol.summary.curator import Curator, CuratorParams, SummaryResult
@@ -146,6 +150,9 @@ class CuratorActor:
         self._refresher: PoolRefresher | None = None
         self._refresh_task: asyncio.Task[None] | None = None
         self._crash_at: int | None = None
+        # a refresh round opened before a crash, its result never journaled: charged once here
+        if charge_lost_refreshes(self._secure, self._curator.ledgers):
+            self._journal_now()
 
     def _checkpoint(self) -> None:
         """Append the points bought since the last checkpoint, then rewrite the snapshot (which
@@ -252,17 +259,12 @@ class CuratorActor:
 
     async def _refresh(self, epoch: int) -> None:
         assert self._refresher is not None
-        try:
-            released = await self._refresher.refresh(epoch, self._curator.ledgers)
+        try:  # the refresher journals the round (opened, then its result with the charges)
+            await self._refresher.refresh(epoch, self._curator.ledgers)
         except Exception as exc:  # an owner or node failing mid-round: report, run goes on
             self._refresher.history.append(
                 {"epoch": epoch, "status": "failed", "reason": repr(exc)}
             )
-            released = True  # it may have charged the ledgers before failing: journal them
-
-        if released:  # the ledgers changed: journal them
-            self._curator.checkpoint_due = True
-            self._checkpoint()
         last = self._refresher.history[-1]
         if last["status"] == "insufficient":  # short of T: the run stops as for an epoch
             # the refusal's notices to owners are not sent: the drive loop ends at the refusal

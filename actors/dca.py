@@ -31,7 +31,14 @@ from dpmarket.protocol.summary.snr import moments_sensitivity  # one formula, al
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 
-__all__ = ["DcaHub", "DcaUnavailable", "moments_sensitivity"]
+__all__ = [
+    "DcaHub",
+    "DcaUnavailable",
+    "charge_at_floor",
+    "moments_sensitivity",
+    "result_from_record",
+    "result_record",
+]
 
 
 class DcaUnavailable(RuntimeError):
@@ -154,3 +161,37 @@ def record_for_owners(ledgers: dict[str, PrivacyLedger], result: RoundResult, la
 def coverage(release: npt.NDArray[np.float64], total: float) -> float:
     """Mean pool density at the validation points, per pooled record (KDE normalised)."""
     return float(np.mean(release) / max(total, 1.0))
+
+
+def charge_at_floor(
+    ledgers: dict[str, PrivacyLedger], sigma: float, sensitivity: float, label: str
+) -> None:
+    """Charge a round whose release may have happened but was never journaled (a crash after
+    it opened): one Gaussian event per owner at the plan's sigma floor for its label."""
+    for party, ledger in ledgers.items():
+        if party != "validation":
+            ledger.gaussian(sigma, sensitivity, label=label, neighbouring=ADD_REMOVE)
+
+
+def result_record(result: RoundResult) -> dict[str, Any]:
+    """A round result as JSON-safe data (float64 values round-trip exactly through JSON)."""
+    return {
+        "round": result.round,
+        "status": result.status,
+        "reason": result.reason,
+        "value": None if result.value is None else [float(v) for v in result.value],
+        "included": list(result.included),
+        "missing": list(result.missing),
+        "sigma_std": result.sigma_std,
+        "sensitivity": result.sensitivity,
+    }
+
+
+def result_from_record(d: dict[str, Any]) -> RoundResult:
+    """The inverse of :func:`result_record` (``ring_total`` is not journaled: nothing after
+    the release uses it)."""
+    value = None if d["value"] is None else np.asarray(d["value"], dtype=np.float64)
+    return RoundResult(
+        int(d["round"]), str(d["status"]), str(d["reason"]), value, None,
+        tuple(d["included"]), tuple(d["missing"]), float(d["sigma_std"]), float(d["sensitivity"]),
+    )  # fmt: skip

@@ -16,6 +16,14 @@ Gaussian event on every owner's ledger (label ``scan refresh (secure sum)``). A 
 releases nothing charges nothing, and its records stay in the next delta. A round short of T
 (owners missing plus known colluders, ``DcaConfig.colluders``) refuses the whole run, and a
 curator refusal cancels a round in flight before it can release (``Aggregator.cancel``).
+
+Journal (as normalise and scan, actors/securephase_journal.py): each refresh round is journaled
+in the secure phases' record (``refreshes``) as ``opened``, with its round, sigma floor and
+sensitivity, before it opens; after it ends, as ``released`` with its result, in the same
+snapshot as the owners' charges, before the pool sketch uses the delta (a round that ended
+without a release, or failed, is journaled the same way and charges nothing). A restored curator
+charges an ``opened`` round once at that floor and never runs it again
+(:func:`dpmarket.actors.securephase_journal.charge_lost_refreshes`).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from dpmarket.actors.dca import DcaHub, record_for_owners
+from dpmarket.actors.dca import DcaHub, record_for_owners, result_record
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import RoundResult
@@ -46,11 +54,18 @@ class PoolRefresher:
         scan: RoundResult,
         release_of: Callable[[RoundResult], RaceRelease],
         coverage_of: Callable[[RaceRelease, float], float],
+        record: dict[str, Any] | None = None,
+        journal: Callable[[], None] = lambda: None,
     ) -> None:
         self.hub, self.plan, self.pool = hub, plan, pool
         self.every = int(plan.get("refresh_every", 0))
         self.next_epoch = self.every
-        self.next_round = 3  # 1: normalise, 2: scan
+        # the journal record (the secure phases'): ``refreshes`` lists every round opened
+        self.record = {} if record is None else record
+        self.journaled: list[dict[str, Any]] = self.record.setdefault("refreshes", [])
+        self._journal = journal
+        # 1: normalise, 2: scan; a journaled round number is never used again
+        self.next_round = max([3] + [int(e["round"]) + 1 for e in self.journaled])
         # an owner's next delta starts where its last *released* contribution ended
         released = scan.value is not None
         self.base: dict[str, int] = dict.fromkeys(scan.included, scan.round) if released else {}
@@ -71,12 +86,23 @@ class PoolRefresher:
         round_id, self.next_round = self.next_round, self.next_round + 1
         spec = rounds.spec("refresh", round_id)  # at the plan's floor: (eps_refresh, delta)
         options = rounds.options("refresh") | {"base_rounds": dict(self.base)}
-        result = await self.hub.round(spec, "sketch_delta", options, self.plan["timeout"])
+        opened = {"state": "opened", "epoch": epoch, "round": round_id,
+                  "sigma": spec.sigma_std, "sensitivity": spec.sensitivity}  # fmt: skip
+        self.journaled.append(opened)
+        self._journal()  # before the round opens
+        try:
+            result = await self.hub.round(spec, "sketch_delta", options, self.plan["timeout"])
+        except Exception as exc:  # nothing returned to the curator: journaled as failed
+            opened.update(state="failed", status="failed", reason=repr(exc))
+            self._journal()
+            raise
+        record_for_owners(ledgers, result, REFRESH_LABEL)  # nothing unless released
+        opened.update(state="released", status=result.status, result=result_record(result))
+        self._journal()  # with the charges, before the pool sketch uses the delta
         entry: dict[str, Any] = {"epoch": epoch, "round": round_id, "status": result.status}
         if result.value is None:
             self.history.append(entry | {"reason": result.reason, "missing": list(result.missing)})
             return False
-        record_for_owners(ledgers, result, REFRESH_LABEL)
         delta = self._release_of(result)
         self.pool = delta if self.pool is None else self.pool.accumulate(delta)
         self.base.update(dict.fromkeys(result.included, round_id))

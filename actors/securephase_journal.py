@@ -40,8 +40,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dpmarket.actors.dca import DcaHub, DcaUnavailable, record_for_owners
-from dpmarket.actors.refresh import PoolRefresher
+from dpmarket.actors.dca import (
+    DcaHub,
+    DcaUnavailable,
+    charge_at_floor,
+    record_for_owners,
+    result_from_record,
+    result_record,
+)
+from dpmarket.actors.refresh import REFRESH_LABEL, PoolRefresher
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundResult
@@ -50,6 +57,7 @@ from dpmarket.streams.race.sketch import PrivacyStatement, RaceRelease, RaceSket
 
 __all__ = [
     "SecureHost",
+    "charge_lost_refreshes",
     "coverage_of",
     "journaled_summary",
     "pool_release",
@@ -62,28 +70,18 @@ __all__ = [
 LABELS = {"normalise": "normalise (secure sum)", "scan": "scan (secure sum)"}
 
 
-def result_record(result: RoundResult) -> dict[str, Any]:
-    """A round result as JSON-safe data (float64 values round-trip exactly through JSON)."""
-    return {
-        "round": result.round,
-        "status": result.status,
-        "reason": result.reason,
-        "value": None if result.value is None else [float(v) for v in result.value],
-        "included": list(result.included),
-        "missing": list(result.missing),
-        "sigma_std": result.sigma_std,
-        "sensitivity": result.sensitivity,
-    }
-
-
-def result_from_record(d: dict[str, Any]) -> RoundResult:
-    """The inverse of :func:`result_record` (``ring_total`` is not journaled: nothing after
-    the release uses it)."""
-    value = None if d["value"] is None else np.asarray(d["value"], dtype=np.float64)
-    return RoundResult(
-        int(d["round"]), str(d["status"]), str(d["reason"]), value, None,
-        tuple(d["included"]), tuple(d["missing"]), float(d["sigma_std"]), float(d["sensitivity"]),
-    )  # fmt: skip
+def charge_lost_refreshes(record: dict[str, Any], ledgers: dict[str, PrivacyLedger]) -> int:
+    """On restore: charge each refresh round journaled ``opened`` but never ``released``
+    (actors/refresh.py) once, at the sigma floor and sensitivity its ``opened`` entry names (the
+    plan's for "refresh"), and mark it ``charged`` so it is never charged or run again. The
+    caller journals the snapshot. Returns how many rounds were charged."""
+    charged = 0
+    for entry in record.get("refreshes") or []:
+        if entry["state"] == "opened":
+            charge_at_floor(ledgers, entry["sigma"], entry["sensitivity"], REFRESH_LABEL)
+            entry["state"], entry["status"] = "charged", "lost"
+            charged += 1
+    return charged
 
 
 def journaled_summary(snapshot: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -190,10 +188,7 @@ async def _journaled_round(
         reason = "opened before a crash, its result never journaled: charged, not run again"
         lost = RoundResult(number, "lost", reason, None, None, (), (), spec.sigma_std,
                            spec.sensitivity)  # fmt: skip
-        for party, ledger in host.ledgers.items():
-            if party != "validation":
-                ledger.gaussian(spec.sigma_std, spec.sensitivity, label=LABELS[name],
-                                neighbouring=ADD_REMOVE)  # fmt: skip
+        charge_at_floor(host.ledgers, spec.sigma_std, spec.sensitivity, LABELS[name])
         entries[name] = {"state": "charged", "result": result_record(lost)}
         host.journal()
         return lost
@@ -259,6 +254,8 @@ async def run_secure_phases(
             counters,
             lambda result: pool_release(result, sk, n),
             lambda release, total: coverage_of(release, host.validation, total),
+            record=host.record,
+            journal=host.journal,
         )
     out["absent"] = {str(r): a for r, a in hub.absent.items()}
     out["errors"] = hub.errors[:20]

@@ -4,11 +4,16 @@ The refresh round runs through the real DcaHub, compute-node parties, clients an
 Ray is replaced by fake handles whose calls are coroutines (as in test_transport.py). The
 owners' contributions wait on a gate the test opens, so the refusal provably comes while the
 round is open at the nodes and the aggregator, and the round would otherwise release.
+
+The same round also shows the refresh journal: a crash between the release and its journal
+write leaves the round ``opened``, and a restore charges it exactly once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,7 +21,8 @@ import numpy as np
 import pytest
 
 from dpmarket.actors.dca import DcaHub
-from dpmarket.actors.refresh import PoolRefresher, finish_refresh
+from dpmarket.actors.refresh import REFRESH_LABEL, PoolRefresher, finish_refresh
+from dpmarket.actors.securephase_journal import charge_lost_refreshes
 from dpmarket.actors.transport import RayTransport
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
 from dpmarket.protocol.securesum.client import Client
@@ -81,7 +87,10 @@ class _Owner:
 InFlight = tuple[PoolRefresher, dict[str, PrivacyLedger], asyncio.Event, asyncio.Task[bool]]
 
 
-async def _refresh_in_flight() -> InFlight:
+async def _refresh_in_flight(
+    record: dict[str, Any] | None = None,
+    journal: Callable[[dict[str, PrivacyLedger]], None] = lambda ledgers: None,
+) -> InFlight:
     config = DcaConfig("run-dca", OWNERS, NODES, tolerance=0, bound=10.0, frac_bits=24)
     plan = SecureSumPlan.calibrated(
         config, 1e-5, {"refresh": ("sketch_delta", D, 1.0, 1.0, 3, {})}, neighbouring=ADD_REMOVE
@@ -92,6 +101,7 @@ async def _refresh_in_flight() -> InFlight:
     await hub.setup()
     scan = RoundResult(2, "failed", "", None, None, (), OWNERS, 1.0, 1.0)
     release = SimpleNamespace(estimated_size=lambda: 3.0, statement=SimpleNamespace(releases=1))
+    ledgers = {o: PrivacyLedger(o) for o in OWNERS}
     refresher = PoolRefresher(
         hub,
         {"rounds": plan, "timeout": 600.0, "refresh_every": 1},
@@ -99,8 +109,9 @@ async def _refresh_in_flight() -> InFlight:
         scan,
         lambda result: release,  # type: ignore[arg-type,return-value]
         lambda pool, total: 0.5,
+        record=record,
+        journal=lambda: journal(ledgers),
     )
-    ledgers = {o: PrivacyLedger(o) for o in OWNERS}
     task = asyncio.ensure_future(refresher.refresh(1, ledgers))
     while len(asked) < len(OWNERS):  # the round is open and every owner was asked
         await asyncio.sleep(0)
@@ -146,3 +157,48 @@ async def test_a_dead_owner_actor_that_refuses_the_run_reaches_on_step() -> None
         timeout=60,
     )
     assert curator.state == "refused" and seen[-1] == "refused"
+
+
+class _Crash(Exception):
+    """The curator process dies here (in the test: the refresh task ends)."""
+
+
+async def test_a_refresh_released_but_never_journaled_is_charged_once_on_restore() -> None:
+    """The crash comes after the round released and before its ``released`` journal write: the
+    last snapshot holds the round ``opened`` and no charge. A restore charges every owner once,
+    at the round's sigma floor, and a second restore of the journal it then writes charges
+    nothing more; the round is never run again (its number is not reused)."""
+    record: dict[str, Any] = {}
+    snapshots: list[tuple[dict[str, Any], dict[str, PrivacyLedger]]] = []
+
+    def journal(ledgers: dict[str, PrivacyLedger]) -> None:
+        if record["refreshes"][-1]["state"] == "released":
+            raise _Crash("before the released journal write")
+        snapshots.append(copy.deepcopy((record, ledgers)))
+
+    refresher, ledgers, gate, task = await _refresh_in_flight(record, journal)
+    gate.set()
+    with pytest.raises(_Crash):
+        await asyncio.wait_for(task, timeout=60)
+    assert all(ledger.events for ledger in ledgers.values())  # it released (in the dead process)
+    assert not refresher.history  # and the pool sketch never used it
+    saved, saved_ledgers = snapshots[-1]
+    (opened,) = saved["refreshes"]
+    assert opened["state"] == "opened" and not any(lg.events for lg in saved_ledgers.values())
+
+    assert charge_lost_refreshes(saved, saved_ledgers) == 1  # the restore
+    spec = refresher.plan["rounds"].spec("refresh", opened["round"])
+    for ledger in saved_ledgers.values():
+        (event,) = ledger.events
+        assert event.label == REFRESH_LABEL
+        assert event.count == 1 and event.param("sigma") == spec.sigma_std
+        assert event.sensitivity == spec.sensitivity
+    again = copy.deepcopy((saved, saved_ledgers))
+    assert charge_lost_refreshes(*again) == 0  # a second restore: nothing charged twice
+    assert all(len(lg.events) == 1 for lg in again[1].values())
+    restored = PoolRefresher(
+        refresher.hub, refresher.plan, None,
+        RoundResult(2, "failed", "", None, None, (), OWNERS, 1.0, 1.0),
+        refresher._release_of, refresher._coverage_of, record=saved,
+    )  # fmt: skip
+    assert restored.next_round == opened["round"] + 1

@@ -3,7 +3,14 @@ completes, and every secure-sum event is charged exactly once (actors/securephas
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -119,3 +126,77 @@ def test_curator_killed_during_the_secure_sums_is_respawned_and_charges_once(
     owners = [p for p in report["privacy"]["parties"] if p.startswith("owner-")]
     counts = _secure_counts(report)
     assert counts == {f"{o}:{label}": 1 for o in owners for label in SECURE}
+
+
+def _started_by(session: int, marker: str) -> list[int]:
+    """The processes a killed driver left: those in its session (it was started in a new one)
+        or naming its own Ray temp dir on their command line, and their descendants; alive (a dead
+    one left to the test process is reaped)."""
+    found: dict[int, int] = {}  # pid -> parent pid
+    chosen: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        pid, parent, sid = int(entry.name), int(stat[1]), int(stat[3])
+        if stat[0] == "Z":  # dead, not yet reaped (by us, when the test process adopted it)
+            if parent == os.getpid():
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+            continue
+        found[pid] = parent
+        if sid == session or marker in cmdline:
+            chosen.add(pid)
+    grown = True
+    while grown:  # descendants (a Ray worker renames itself: "ray::CuratorActor")
+        more = {pid for pid, parent in found.items() if parent in chosen} - chosen
+        chosen |= more
+        grown = bool(more)
+    return sorted(chosen)
+
+
+def test_driver_killed_by_sigkill_mid_secure_sums_resumes_and_charges_once(tmp_path: Path) -> None:
+    """A literal SIGKILL of the driver process once normalise is journaled ``released``: its
+    own Ray instance (in its own temp dir) is then stopped, process by process, and ``dpmarket
+    resume`` completes with every secure-sum event charged once per owner."""
+    out = tmp_path / "killed"
+    ray_tmp = Path(tempfile.mkdtemp(prefix="dpk", dir="/tmp"))  # short: Ray's socket paths
+    env = os.environ | {"RAY_TMPDIR": str(ray_tmp), "TMPDIR": str(ray_tmp)}
+    env.pop("RAY_ADDRESS", None)
+    args = ["run", str(ROOT / "configs" / "demo.toml"), "--out", str(out), *SMALL, *REPRO]
+    cmd = [sys.executable, "-m", "dpmarket.actors.commands.main", *args]
+    driver = subprocess.Popen(
+        cmd, env=env, cwd=ROOT, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and driver.poll() is None:
+            rounds = _journal(out).get("secure_phases", {}).get("rounds", {})
+            if rounds.get("normalise", {}).get("state") == "released":
+                break
+            time.sleep(0.01)
+        assert driver.poll() is None, "the driver ended before normalise was journaled"
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        stop = time.monotonic() + 30
+        while (left := _started_by(driver.pid, str(ray_tmp))) and time.monotonic() < stop:
+            for pid in left:  # its Ray processes, and only those
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        if driver.poll() is None:
+            driver.kill()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert _started_by(driver.pid, str(ray_tmp)) == []
+    assert _journal(out)["secure_phases"]["rounds"]["normalise"]["state"] == "released"
+    assert main(["resume", str(out)]) == 0
+    counts = _secure_counts(json.loads((out / "report.json").read_text()))
+    owners = {key.split(":")[0] for key in counts}
+    assert owners and set(counts.values()) == {1}
+    assert len(counts) == 2 * len(owners)  # both rounds, once per owner
