@@ -31,14 +31,15 @@ from dpmarket.actors.runner import run_inprocess, run_ray
 from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
+# a simulation: the same (public) noise under Ray and in-process, so the summaries can be compared
+NOISE = NoiseSource.reproducible(1)
+
 
 def _ray_run(
     scenario: Scenario, params: CuratorParams, per_actor: int
 ) -> tuple[float, dict[str, Any]]:
     tick = time.perf_counter()
-    payload = run_ray(
-        scenario, params, NoiseSource.secure(), run_id="scale", owners_per_actor=per_actor
-    )
+    payload = run_ray(scenario, params, NOISE, run_id="scale", owners_per_actor=per_actor)
     return time.perf_counter() - tick, payload
 
 
@@ -84,7 +85,7 @@ def main() -> None:
     if not args.skip_one_per_actor:
         single = _ray_run(scenario, params, 1)
     tick = time.perf_counter()
-    loop = run_inprocess(scenario, params, np.random.default_rng(1), run_id="scale").result
+    loop = run_inprocess(scenario, params, NOISE.generator("curator"), run_id="scale").result
     loop_seconds = time.perf_counter() - tick
     tokens = [(q.owner, q.token) for q in loop.provenance]
     same = [(d["owner"], d["token"]) for d in payload["provenance"]] == tokens
