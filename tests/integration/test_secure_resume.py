@@ -67,7 +67,7 @@ def test_driver_crash_after_the_secure_sums_resumes_and_charges_them_once(
     whole = json.loads((tmp_path / "whole" / "report.json").read_text())
 
     class DriverDied(BaseException):
-        pass
+        """The driver process dying (not an Exception: nothing in the run may catch it)."""
 
     def die(*args: Any, **kwargs: Any) -> Any:
         raise DriverDied
