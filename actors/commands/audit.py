@@ -216,7 +216,12 @@ def build_audit_parser(
     parser.add_argument("--epsilon", type=float, default=1.0, help="target eps of each release")
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--trials", type=int, help="runs per input (default: per mechanism)")
-    parser.add_argument("--confidence", type=float, default=0.95)
+    parser.add_argument(
+        "--confidence", type=float, default=0.95,
+        help="confidence of each lower bound (default 0.95); a mechanism that is tight at its "
+        "worst-case pair (auction-pure, laplace) is wrongly refuted with probability up to "
+        "1 - confidence, so rerun a single failure with more trials before believing it",
+    )  # fmt: skip
     parser.add_argument(
         "--seed", type=int, help="reproducible audit noise (NoiseSource.reproducible); "
         "default: secret-keyed ChaCha20 from the OS",

@@ -161,6 +161,8 @@ def audit_scores(
         raise ValueError(f"need two equal 1-D samples of >= 20 scores, got {a.shape}, {b.shape}")
     if not 0 < selection < 1:
         raise ValueError(f"selection must be in (0, 1), got {selection!r}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     cut = int(len(a) * selection)
     pooled = np.concatenate([a[:cut], b[:cut]])
     grid = threshold_grid(pooled)
