@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpmarket.actors.commands.study import add_study_arguments, run_study_command
 from dpmarket.actors.config import ConfigError, MarketConfig, load_market_config
 from dpmarket.actors.randomness import NOISE_WARNING
+from dpmarket.actors.study_config import is_study_file
 from dpmarket.actors.validate import check_inputs, resolve_out
 
 if TYPE_CHECKING:
@@ -65,6 +67,8 @@ def _check_plan(strict: bool) -> Any:
 def _market(args: argparse.Namespace) -> int:
     from dpmarket.actors.market import resume_market, run_market
 
+    if args.command == "simulate" and is_study_file(args.config):
+        return run_study_command(args)  # a [study] table: a sweep of markets (commands/study.py)
     if args.command == "resume":
         outcome = resume_market(Path(args.out), args.address, connected=_ray_line)
     else:
@@ -140,11 +144,17 @@ def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None)
 def add_market_parsers(sub: Any) -> None:
     for name, text in (
         ("run", "run a market on Ray (embedded local instance unless --address)"),
-        ("simulate", "run a simulated market with the faults its config declares"),
+        (
+            "simulate",
+            "run a simulated market with the faults its config declares, or a study (a file "
+            "with [study]: a sweep of fault scenarios in-process on Ray; see README)",
+        ),
         ("validate", "check a configuration file and print what it records"),
     ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("config", help="TOML market configuration (see configs/)")
+        if name == "simulate":
+            add_study_arguments(cmd)
         cmd.add_argument(
             "--out",
             help="output directory (default: [run].out); relative paths, here and in [run].out, "

@@ -1,0 +1,83 @@
+"""A study's plots (matplotlib, Agg): completion probability vs dropout rate per T (with the
+95% intervals), honest owners' epsilon vs coalition size, and utility vs dropout rate.
+
+Each plot groups the table's rows by the plotted axes and averages over the other axes' cells
+(so a study with one value per other axis plots exactly its cells); a plot whose x axis has a
+single value is still drawn, as points.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["write_plots"]
+
+
+def _series(
+    table: list[dict[str, Any]], x: str, group: str, y: str
+) -> dict[Any, tuple[list[float], list[float]]]:
+    """group value -> (x values, mean of y over the cells at each x), None ys skipped."""
+    acc: dict[Any, dict[float, list[float]]] = {}
+    for row in table:
+        if row.get(y) is None:
+            continue
+        acc.setdefault(row[group], {}).setdefault(float(row[x]), []).append(float(row[y]))
+    return {
+        g: (sorted(pts), [float(np.mean(pts[v])) for v in sorted(pts)])
+        for g, pts in sorted(acc.items())
+    }
+
+
+def write_plots(table: list[dict[str, Any]], out: Path) -> list[str]:
+    """Write the three plots into ``out``; return their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    mean = _series(table, "dropout", "tolerance", "p_complete")
+    low = _series(table, "dropout", "tolerance", "p_low")
+    high = _series(table, "dropout", "tolerance", "p_high")
+    for t, (xs, ys) in mean.items():
+        err = [
+            np.subtract(ys, low[t][1]).clip(0),
+            np.subtract(high[t][1], ys).clip(0),
+        ]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"T = {t}")
+    ax.set(xlabel="dropout probability per owner", ylabel="P(run completes)", ylim=(-0.02, 1.02))
+    ax.set_title("completion vs dropout (95% Clopper-Pearson)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "completion_vs_dropout.png", dpi=120)
+    plt.close(fig)
+    names.append("completion_vs_dropout.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for t, (xs, ys) in _series(table, "colluders", "tolerance", "eps_coalition_max").items():
+        ax.plot(xs, ys, marker="o", label=f"vs coalition, T = {t}")
+    for t, (xs, ys) in _series(table, "colluders", "tolerance", "eps_max").items():
+        ax.plot(xs, ys, marker="x", linestyle=":", label=f"ledger, T = {t}")
+    ax.set(xlabel="colluding owners", ylabel="honest owner's epsilon (max over trials)")
+    ax.set_title("epsilon vs coalition size")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out / "epsilon_vs_coalition.png", dpi=120)
+    plt.close(fig)
+    names.append("epsilon_vs_coalition.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for who, (xs, ys) in _series(table, "dropout", "who_fails", "gap_closed_mean").items():
+        ax.plot(xs, ys, marker="o", label=f"{who} owners fail")
+    ax.set(xlabel="dropout probability per owner", ylabel="gap closed (uniform 0, greedy 1)")
+    ax.set_title("utility of completed runs vs dropout")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "utility_vs_dropout.png", dpi=120)
+    plt.close(fig)
+    names.append("utility_vs_dropout.png")
+    return names
