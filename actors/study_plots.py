@@ -75,7 +75,8 @@ def write_plots(table: list[dict[str, Any]], out: Path) -> list[str]:
         ax.plot(xs, ys, marker="o", label=f"{who} owners fail")
     ax.set(xlabel="dropout probability per owner", ylabel="gap closed (uniform 0, greedy 1)")
     ax.set_title("utility of completed runs vs dropout")
-    ax.legend()
+    if ax.lines:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out / "utility_vs_dropout.png", dpi=120)
     plt.close(fig)

@@ -300,7 +300,9 @@ def run_trial(
         config = dataclasses.replace(config, seed=seed % (2**31))
     scenario = make_market_scenario(config)
     if draw is None:
-        values = owner_values(scenario, scenario.gamma)
+        values = {}  # only drawn upon when the highest-value owners fail first
+        if cell.who_fails == "highest-value":
+            values = owner_values(scenario, scenario.gamma)
         rng = public_generator([seed, 1])
         draw = draw_faults(cell, list(scenario.owner_names), values, timing, epoch_range, rng)
     config = dataclasses.replace(config, faults=FaultConfig(colluders=draw.colluders))
