@@ -133,3 +133,37 @@ def test_other_study_in_the_same_directory_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="different study"):
         run_study(load_study(other), out, serial=True)
+
+
+def test_coalition_sees_the_honest_included_noise_less_one() -> None:
+    """A secure sum protects an honest owner against the coalition with the noise of the
+    honest owners it included, less one (Theorem 1): exactly the plan's sigma when lost +
+    colluding = T, more (a smaller epsilon) when fewer, none (infinite) when only one is left."""
+    from dpmarket.actors.config import MarketConfig
+    from dpmarket.actors.securephase_journal import LABELS
+    from dpmarket.actors.study_trial import FaultDraw, _coalition_ledger, _Secure
+    from dpmarket.protocol.privacy.ledger import PrivacyLedger
+    from dpmarket.protocol.securesum.spec import RoundResult
+
+    K, T, sigma, delta = 8, 3, 4.0, 1e-5
+    config = MarketConfig(source="synthetic", owners=K, tolerance=T, delta=delta)
+    owners = [f"owner-{i}" for i in range(1, K + 1)]
+
+    def eps_against(included: list[str], colluders: tuple[str, ...]) -> float:
+        ledger = PrivacyLedger("owner-1")
+        ledger.gaussian(sigma, 1.0, label=LABELS["normalise"])
+        result = RoundResult(1, "released", "", None, None, tuple(included), (), sigma, 1.0)
+        pooled = _coalition_ledger(
+            ledger, config, FaultDraw({}, {}, colluders), _Secure(rounds={"normalise": result})
+        )
+        return float("inf") if pooled is None else pooled.epsilon(delta, "pld")
+
+    charged = PrivacyLedger("owner-1")
+    charged.gaussian(sigma, 1.0, label=LABELS["normalise"])
+    at_plan = charged.epsilon(delta, "pld")
+    # two lost + one colluder = T: the plan's sigma exactly
+    assert eps_against(owners[:6], ("owner-6",)) == pytest.approx(at_plan, rel=1e-3)
+    # nobody lost, no colluder: sqrt((8 - 1) / (8 - 3 - 1)) times the noise, a smaller epsilon
+    fewer = eps_against(owners, ())
+    assert fewer < 0.8 * at_plan
+    assert eps_against(owners[:2], ("owner-2",)) == float("inf")
