@@ -1,9 +1,9 @@
 """A study's plots (matplotlib, Agg): completion probability vs dropout rate per T (with the
 95% intervals), honest owners' epsilon vs coalition size, and utility vs dropout rate.
 
-Each plot groups the table's rows by the plotted axes and averages over the other axes' cells
-(so a study with one value per other axis plots exactly its cells); a plot whose x axis has a
-single value is still drawn, as points.
+Each plot groups the table's rows by the plotted axes and pools the other axes' cells (the
+completion plot sums their trials and recomputes the interval; the others average the cells'
+values), so a study with one value per other axis plots exactly its cells.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from dpmarket.actors.study_report import clopper_pearson
 
 __all__ = ["write_plots"]
 
@@ -31,6 +33,18 @@ def _series(
     }
 
 
+def _pooled(table: list[dict[str, Any]]) -> dict[Any, dict[float, tuple[int, int]]]:
+    """T -> dropout -> (completed, trials) pooled over the other axes' cells (an interval
+    is recomputed from the pooled counts, never averaged)."""
+    acc: dict[Any, dict[float, tuple[int, int]]] = {}
+    for row in table:
+        if not row["trials"]:
+            continue
+        k, n = acc.setdefault(row["tolerance"], {}).get(float(row["dropout"]), (0, 0))
+        acc[row["tolerance"]][float(row["dropout"])] = (k + row["completed"], n + row["trials"])
+    return dict(sorted(acc.items()))
+
+
 def write_plots(table: list[dict[str, Any]], out: Path) -> list[str]:
     """Write the three plots into ``out``; return their file names."""
     import matplotlib
@@ -40,14 +54,12 @@ def write_plots(table: list[dict[str, Any]], out: Path) -> list[str]:
 
     names = []
     fig, ax = plt.subplots(figsize=(6, 4))
-    mean = _series(table, "dropout", "tolerance", "p_complete")
-    low = _series(table, "dropout", "tolerance", "p_low")
-    high = _series(table, "dropout", "tolerance", "p_high")
-    for t, (xs, ys) in mean.items():
-        err = [
-            np.subtract(ys, low[t][1]).clip(0),
-            np.subtract(high[t][1], ys).clip(0),
-        ]
+    for t, points in _pooled(table).items():
+        xs = sorted(points)
+        ys = [points[x][0] / points[x][1] for x in xs]
+        bounds = [clopper_pearson(*points[x]) for x in xs]
+        err = [[y - lo for y, (lo, _) in zip(ys, bounds, strict=True)],
+               [hi - y for y, (_, hi) in zip(ys, bounds, strict=True)]]  # fmt: skip
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"T = {t}")
     ax.set(xlabel="dropout probability per owner", ylabel="P(run completes)", ylim=(-0.02, 1.02))
     ax.set_title("completion vs dropout (95% Clopper-Pearson)")

@@ -110,6 +110,9 @@ def test_interrupted_study_resumes_to_the_same_table(tmp_path: Path) -> None:
     study = load_study(path)
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert main(["simulate", str(path), "--out", str(whole), "--serial"]) == 0
+    for name in ("study.json", "completion_vs_dropout.png", "epsilon_vs_coalition.png",
+                 "utility_vs_dropout.png"):  # fmt: skip
+        assert (whole / name).stat().st_size > 0
     first = run_study(study, parts, serial=True, batch=1, limit=2)  # interrupted
     assert len(first) == 2
     with (parts / RESULTS_FILE).open("a", encoding="utf-8") as fh:
@@ -167,3 +170,9 @@ def test_coalition_sees_the_honest_included_noise_less_one() -> None:
     fewer = eps_against(owners, ())
     assert fewer < 0.8 * at_plan
     assert eps_against(owners[:2], ("owner-2",)) == float("inf")
+
+
+@pytest.mark.parametrize("name", ["dropout", "collusion"])
+def test_shipped_studies_load(name: str) -> None:
+    study = load_study(ROOT / "configs" / "studies" / f"{name}.toml")
+    assert study.cells and all(c.key in study.configs for c in study.cells)
