@@ -7,7 +7,8 @@ refusals by phase (normalise, scan, epochs) and the refusal epochs' median; epoc
 completion (mean, median, 90th percentile); ``gap_closed`` (0 = uniform, 1 = exact greedy, mean
 over completed trials) and MMD^2; points accessed (mean); the honest owners' epsilon from the
 ledger and against the coalition (max over trials of the per-trial max, and the median); the
-T used (mean, max) against T. ``study.json`` holds the rows, the study's settings and, per
+T used (mean, max) against T. ``study.json`` holds the rows, the study's settings, each
+cell's refusals by epoch and, per
 combination of the other axes, the smallest T whose interval's lower end reaches 0.99 (and the
 smallest whose estimate does). ``study.parquet`` only when pyarrow is installed (it is not a
 dependency: the CSV holds the same table).
@@ -136,6 +137,17 @@ def _smallest_t(table: list[dict[str, Any]], target: float = 0.99) -> list[dict[
     return out
 
 
+def _refusal_epochs(study: StudyConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per cell: how many of its counted trials refused at each epoch (0: a secure sum)."""
+    keys = {c.key for c in study.cells}
+    out: dict[str, dict[str, int]] = {}
+    for r in results:
+        if r["cell"] in keys and int(r["trial"]) < study.trials and r["verdict"] != "completed":
+            counts = out.setdefault(r["cell"], {})
+            counts[str(r["refused_epoch"])] = counts.get(str(r["refused_epoch"]), 0) + 1
+    return {cell: dict(sorted(c.items(), key=lambda kv: int(kv[0]))) for cell, c in out.items()}
+
+
 def _json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
@@ -172,6 +184,7 @@ def write_study(study: StudyConfig, results: list[dict[str, Any]], out: Path) ->
         "interval": "exact 95% Clopper-Pearson (p_low, p_high); Wilson score beside it",
         "cells": table,
         "smallest_t": _smallest_t(table),
+        "refusal_epochs": _refusal_epochs(study, results),
         "trial_seconds": {  # wall time per trial (not in the table: it varies between runs)
             "mean": _stat([r["seconds"] for r in results], "mean"),
             "max": _stat([r["seconds"] for r in results], "max"),
