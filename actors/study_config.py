@@ -232,6 +232,11 @@ def load_study(path: str | Path, trials: int | None = None) -> StudyConfig:
         raise ConfigError(f"{name}: [study].base: a study simulates its data (source 'files')")
     if base.faults.kill_curator_at is not None:
         raise ConfigError(f"{name}: [study].base: [faults].kill_curator_at is not simulated")
+    if base.secure.get("refresh_every"):
+        raise ConfigError(f"{name}: [study].base: [privacy].refresh_every: refresh rounds are "
+                          "not simulated by a study (set it to 0 in [study].set)")  # fmt: skip
+    if "stream" in base.data:
+        raise ConfigError(f"{name}: [study].base: [data].stream is not simulated by a study")
     timing, epoch_range = _timing(name, data.get("timing", {}))
     defaults = {
         "owners": base.owners, "tolerance": base.tolerance,
@@ -243,6 +248,8 @@ def load_study(path: str | Path, trials: int | None = None) -> StudyConfig:
     for i, combo in enumerate(itertools.product(*values)):
         cell = Cell(i, *combo)
         where = f"{name}: cell {cell.key}"
+        if base.source == "digits" and cell.owners != 5:
+            raise ConfigError(f"{where}: [axes].owners: the digits split has 5 owners")
         if cell.colluders > cell.owners:
             raise ConfigError(f"{where}: [axes].colluders: more colluders than owners")
         cell_sets = [

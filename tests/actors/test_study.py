@@ -46,6 +46,14 @@ def test_study_errors_name_the_file_and_key(tmp_path: Path) -> None:
     bad_timing = _study(tmp_path, "owners = [6]", "normalise = -1", 2)
     with pytest.raises(ConfigError, match=r"\[timing\]\.normalise"):
         load_study(bad_timing)
+    refresh = tmp_path / "refresh.toml"
+    refresh.write_text(
+        bad_timing.read_text(encoding="utf-8").replace('"sketch.width=64"', '"sketch.width=64", '
+        '"privacy.refresh_every=5"').replace("normalise = -1", "epochs = 1"),
+        encoding="utf-8",
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"refresh_every: refresh rounds are not simulated"):
+        load_study(refresh)
     # through the command: exit 2, the message names the key
     assert main(["simulate", str(bad_prob), "--out", str(tmp_path / "o"), "--serial"]) == 2
 
