@@ -3,7 +3,8 @@
 ``dpmarket simulate`` decides by the file's content: a file with a ``[study]`` table is a study
 (this module), any other a market config (actors/commands/market.py, one simulated market).
 Exit codes: 0 done; 2 a bad study file, base config or results directory (the message names
-the file and the key or the cell); 1 when ``--actors`` found a verdict that disagrees.
+the file and the key or the cell); 1 when ``--actors`` found a verdict that disagrees; 130
+when interrupted (finished trials are kept: the same command resumes).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _ray_line(info: dict[str, Any]) -> None:
 def run_study_command(args: argparse.Namespace) -> int:
     from dpmarket.actors.config import ConfigError
     from dpmarket.actors.study_report import write_study
-    from dpmarket.actors.study_run import run_study
+    from dpmarket.actors.study_run import RESULTS_FILE, run_study
 
     if args.set:
         raise ConfigError(
@@ -63,9 +64,17 @@ def run_study_command(args: argparse.Namespace) -> int:
         f"study {study.name}: {len(study.cells)} cells x {study.trials} trials -> {out}",
         file=sys.stderr,
     )
-    results = run_study(
-        study, out, args.address, serial=args.serial, batch=args.batch, connected=_ray_line
-    )
+    try:
+        results = run_study(
+            study, out, args.address, serial=args.serial, batch=args.batch, connected=_ray_line
+        )
+    except KeyboardInterrupt:
+        print(
+            f"dpmarket: interrupted; finished trials are kept in {out / RESULTS_FILE}: "
+            f"run the same command again to resume",
+            file=sys.stderr,
+        )
+        return 130
     doc = write_study(study, results, out)
     _print_table(doc["cells"])
     for line in doc["smallest_t"]:
