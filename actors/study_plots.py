@@ -74,7 +74,7 @@ def write_plots(table: list[dict[str, Any]], out: Path) -> list[str]:
         ax.plot(xs, ys, marker="o", label=f"vs coalition, T = {t}")
     for t, (xs, ys) in _series(table, "colluders", "tolerance", "eps_max").items():
         ax.plot(xs, ys, marker="x", linestyle=":", label=f"ledger, T = {t}")
-    ax.set(xlabel="colluding owners", ylabel="honest owner's epsilon (max over trials)")
+    ax.set(xlabel="colluding owners", ylabel="honest owner's epsilon (max in a cell)")
     ax.set_title("epsilon vs coalition size")
     ax.legend(fontsize="small")
     fig.tight_layout()

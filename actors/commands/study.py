@@ -80,7 +80,9 @@ def run_study_command(args: argparse.Namespace) -> int:
     for line in doc["smallest_t"]:
         if line["t_interval"] is not None or line["t_estimate"] is not None:
             print(
-                f"K {line['owners']} q {line['dropout']:g} c {line['colluders']}: smallest T "
+                f"K {line['owners']} M {line['compute_nodes']} q {line['dropout']:g} slow "
+                f"{line['slow_fraction']:g}x{line['slow_delay']:g}s c {line['colluders']} "
+                f"{line['who_fails']}: smallest T "
                 f"finishing w.p. {line['target']}: {line['t_interval']} (95% interval), "
                 f"{line['t_estimate']} (estimate)"
             )
