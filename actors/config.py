@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dpmarket.actors import config_checks as checks
+from dpmarket.actors.budget_config import BUDGET_PRIVACY_KEYS, OwnerBudget, parse_budgets
 from dpmarket.actors.config_checks import ConfigError
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.spec import SHARE_MODES
@@ -59,7 +60,8 @@ _MARKET_SECTIONS = {
         "standardize",
         "refresh_every",
         "eps_refresh",
-    },
+    }
+    | BUDGET_PRIVACY_KEYS,
     "sketch": {"rows", "width", "bandwidth"},
     "summary": {f.name for f in dataclasses.fields(CuratorParams)}
     - {"p", "gamma", "h1_seed", "phase_timeout", "max_lost", "known_colluders", "center", "scale"},
@@ -102,6 +104,7 @@ class MarketConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)
     secure: dict[str, Any] = field(default_factory=dict)
     path: str = "<memory>"
+    budgets: dict[str, OwnerBudget] = field(default_factory=dict)  # actors/budget_config.py
 
     @property
     def noise(self) -> NoiseSource:
@@ -217,7 +220,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
     for item in sets or []:
         checks.apply_set(data, item)
-    check_keys(f"{name}: top level", data, set(_MARKET_SECTIONS))
+    check_keys(f"{name}: top level", data, set(_MARKET_SECTIONS) | {"owners"})
     for section, allowed in _MARKET_SECTIONS.items():
         if not isinstance(data.get(section, {}), dict):
             raise ConfigError(f"{name}: [{section}]: expected a table, got {data[section]!r}")
@@ -284,6 +287,10 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         secure=_secure(name, data.get("privacy", {}), data.get("sketch", {})),
         path=name,
     )
+    budgets = parse_budgets(
+        name, data.get("privacy", {}), data.get("owners", {}), owners, config.delta
+    )
+    config = dataclasses.replace(config, budgets=budgets)
     m = config.data.get("n_validation", 500)  # m is known at run time; any m checks the keys
     try:
         config.curator_params(gamma=1.0, m=m if isinstance(m, int) and m >= 1 else 500)

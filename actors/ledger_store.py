@@ -28,6 +28,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,19 +129,25 @@ class LedgerStore:
         rows = self._conn.execute(
             "SELECT event FROM charges WHERE state = 'charged' ORDER BY seq"
         ).fetchall()
-        return [MechanismEvent.from_dict(json.loads(r[0])) for r in rows]
+        return [MechanismEvent.from_dict(e) for r in rows for e in json.loads(r[0])]
 
     def events(self) -> list[MechanismEvent]:
         """Every charged event, oldest first."""
         return self._events()
 
-    def charge(self, release: str, run: str, event: MechanismEvent) -> ChargeDecision:
-        """Charge ``event`` for ``release`` if the filter admits it, durably, before the
-        caller sends anything; a release id seen before returns its recorded decision."""
+    def charge(
+        self, release: str, run: str, event: MechanismEvent | Sequence[MechanismEvent]
+    ) -> ChargeDecision:
+        """Charge ``event`` (or several events, one release) for ``release`` if the filter
+        admits all of it, durably, before the caller sends anything; a release id seen before
+        returns its recorded decision and charges nothing."""
+        events = [event] if isinstance(event, MechanismEvent) else list(event)
+        if not events:
+            raise ValueError(f"{release}: a charge needs at least one event")
         with self._lock:
-            return self._charge(release, run, event)
+            return self._charge(release, run, events)
 
-    def _charge(self, release: str, run: str, event: MechanismEvent) -> ChargeDecision:
+    def _charge(self, release: str, run: str, events: list[MechanismEvent]) -> ChargeDecision:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")  # one spender at a time on this store
         try:
@@ -151,16 +158,17 @@ class LedgerStore:
                 conn.execute("COMMIT")
                 return ChargeDecision(release, row[0] == "charged", float(row[1]), True)
             past = self._events()
-            admitted = self.filter.admits(past, event)
-            spent = self.filter.spent([*past, event] if admitted else past)
+            spent = self.filter.spent([*past, *events])  # inf if one is not accountable
+            admitted = spent <= self.filter.epsilon
+            spent = spent if admitted else self.filter.spent(past)
             conn.execute(
                 "INSERT INTO charges (release, run, label, event, state, at, spent_after) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     release,
                     run,
-                    event.label,
-                    json.dumps(event.to_dict(), sort_keys=True),
+                    "; ".join(sorted({e.label for e in events})),
+                    json.dumps([e.to_dict() for e in events], sort_keys=True),
                     "charged" if admitted else "declined",
                     time.time(),
                     spent,
@@ -187,7 +195,7 @@ class LedgerStore:
                     "release": release,
                     "run": run_,
                     "label": label,
-                    "event": json.loads(event),
+                    "events": json.loads(event),
                     "state": state,
                     "at": at,
                     "spent_after": spent,
@@ -212,7 +220,7 @@ def read_store(path: str | Path) -> dict[str, Any]:
             {
                 "release": r,
                 "label": lab,
-                "event": json.loads(e),
+                "events": json.loads(e),
                 "state": st,
                 "at": at,
                 "spent_after": sp,

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dpmarket.actors.budgets import collect_views, ledger_run_id, owner_gates, reconcile
 from dpmarket.actors.cluster import connect
 from dpmarket.actors.config import ConfigError, FaultConfig, MarketConfig, load_market_config
 from dpmarket.actors.curator import pool_file, read_pool_rows
@@ -125,8 +126,10 @@ def _drive(
     journal: Path,
     snapshot: Any,
     attempt_dir: Path,
+    ledger_run: str = "",
 ) -> Any:
-    """Spawn the actors, ingest, run the curator, kill and resume it if the config says so."""
+    """Spawn the actors, ingest, run the curator, kill and resume it if the config says so.
+    Owners with a persistent store get their budget gates (actors/budgets.py) at spawning."""
     import ray
 
     faults = config.faults
@@ -143,6 +146,7 @@ def _drive(
         snapshot,
         owners_per_actor=config.owners_per_actor,
         dca=prep.trust if prep is not None else None,
+        budgets=owner_gates(config, run_plan.params, ledger_run) if config.budgets else None,
     )
     try:
         if inputs.files is not None and inputs.schema is not None:
@@ -175,6 +179,9 @@ def _drive(
             o: st | {"ingested": ing["records"], "rejected_records": ing["rejected"]}
             for o, st, ing in zip(alive, statuses, ingest, strict=True)
         }
+        if config.budgets:  # each owner's store against the curator's view of it
+            views = collect_views(market.owners, list(config.budgets), list(alive))
+            payload["budgets"] = reconcile(payload["ledgers"], views)
         return payload
     finally:
         if inputs.writer is not None:
@@ -284,6 +291,7 @@ def run_market(
         pool_file(journal_dir / "journal.json").unlink(missing_ok=True)
         shutil.copyfile(config.path, journal_dir / "config.toml")
         (journal_dir / "config_path").write_text(str(Path(config.path).resolve()))
+    ledger_run = ledger_run_id(journal_dir, snapshot is None) if config.budgets else ""
     timings: dict[str, float] = {}
     start = time.perf_counter()
     ray_info = connect(address)
@@ -291,7 +299,9 @@ def run_market(
         connected(ray_info)
     timings["start"] = time.perf_counter() - start
     tick = time.perf_counter()
-    payload = _drive(config, inputs, run_plan, journal_dir / "journal.json", snapshot, attempt_dir)
+    payload = _drive(
+        config, inputs, run_plan, journal_dir / "journal.json", snapshot, attempt_dir, ledger_run
+    )
     timings["ingest_and_summarise"] = time.perf_counter() - tick
     if payload["state"] == "refused":
         after = (
