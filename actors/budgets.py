@@ -19,6 +19,7 @@ conservative direction and is reported as ``over``.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -48,7 +49,10 @@ def ledger_run_id(journal_dir: Path, fresh: bool) -> str:
 
 def owner_gates(config: MarketConfig, params: CuratorParams, run: str) -> dict[str, BudgetGate]:
     """Per owner with a store: its gate (store, cap, this run, the planned summary charge)."""
-    summary = tuple(planned_owner_ledger(params).events)
+    summary = tuple(  # labelled as what they are: the plan's upper bound, charged up front
+        dataclasses.replace(e, label=f"summary plan: {e.label or e.mechanism}")
+        for e in planned_owner_ledger(params).events
+    )
     return {name: BudgetGate(b, run, summary) for name, b in config.budgets.items()}
 
 

@@ -249,7 +249,7 @@ class OwnerActor:
     async def budget_view(self, owner: str) -> dict[str, Any] | None:
         """The owner's decisions in this run and its store's totals (None: no store)."""
         gate = self._owner(owner).gate
-        return None if gate is None else gate.view() | {"declines": list(gate.declines)}
+        return None if gate is None else gate.view()
 
     async def add_records(
         self, owner: str, X: npt.NDArray[np.float64], y: npt.NDArray[np.float64] | None = None

@@ -119,4 +119,5 @@ class OwnerGate:
             "delta": self.gate.budget.delta,
             "spent": self.store.filter.spent(events),
             "rows": self.store.rows(self.gate.run),
+            "declines": list(self.declines),
         }
