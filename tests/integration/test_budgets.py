@@ -1,0 +1,69 @@
+"""Owners' persistent budgets end to end on Ray: two purchases on the same stores, a declining
+owner within T, every owner declining above T (exit 3), and ``dpmarket budget``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dpmarket.actors.commands.main import main
+from dpmarket.actors.ledger_store import read_store
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = [
+    "--set", "market.summary_size=12", "--set", "data.n_points=1500", "--set", "data.n_test=300",
+    "--set", "summary.validation_iterations=300", "--set", "summary.seed_iterations=300",
+    "--set", "run.deadline_seconds=2.0",
+]  # fmt: skip
+# One demo purchase costs each contributing owner about 1.12 by its filter (normalise, scan,
+# the summary plan); the next normalise would take it to about 1.36. A cap of 1.2 therefore
+# admits exactly one purchase.
+CAP = 1.2
+
+
+def _config(tmp_path: Path) -> Path:
+    text = (ROOT / "configs" / "demo.toml").read_text()
+    text = text.replace("[privacy]\n", f'[privacy]\nledger_dir = "stores"\nowner_budget = {CAP}\n')
+    text += "\n[owners.owner-2]\nbudget = {epsilon = 0.3, delta = 1e-5}\n"
+    path = tmp_path / "market.toml"
+    path.write_text(text)
+    return path
+
+
+def test_budgets_outlive_a_run_and_declines_count_against_t(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, stores = _config(tmp_path), tmp_path / "stores"
+    # first purchase: owner-2's cap (0.3) admits neither secure sum; it declines both and is
+    # absent from them, 1 <= T: the run completes
+    assert main(["run", str(config), "--out", str(tmp_path / "first"), *SMALL]) == 0
+    report = json.loads((tmp_path / "first" / "report.json").read_text())
+    budgets = report["budgets"]
+    assert budgets["errors"] == []
+    assert {o: e["status"] for o, e in budgets["owners"].items()} == dict.fromkeys(
+        ("owner-1", "owner-2", "owner-3", "owner-4"), "ok"
+    )
+    assert budgets["owners"]["owner-2"]["declined"] == 2
+    assert budgets["owners"]["owner-1"]["declined"] == 0
+    assert 1.0 < budgets["owners"]["owner-1"]["spent"] <= CAP
+    assert set(map(tuple, report["secure_phases"]["absent"].values())) == {("owner-2",)}
+    first = {o: e["spent"] for o, e in budgets["owners"].items()}
+
+    # second purchase on the same stores: every owner declines the normalise round (4 > T = 1)
+    # and the run is refused before anything is released
+    assert main(["run", str(config), "--out", str(tmp_path / "second"), *SMALL]) == 3
+    assert not (tmp_path / "second" / "report.json").exists()
+    capsys.readouterr()
+    assert main(["budget", str(stores), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["owners"]
+    assert set(summary) == set(first)
+    for owner, entry in summary.items():
+        assert entry["runs"] == 2 and entry["spent"] <= entry["cap"]
+        assert entry["spent"] == pytest.approx(first[owner])  # the refused run charged nothing
+    rows = read_store(stores / "owner-1.sqlite")["rows"]
+    declined = [r for r in rows if r["state"] == "declined"]
+    assert [r["label"] for r in declined] == ["normalise (secure sum)"]
