@@ -24,7 +24,7 @@ import numpy.typing as npt
 import ray
 
 from dpmarket.actors.dcaowner import OperatorTrust, OwnerSecureSum
-from dpmarket.actors.owner_budget import BudgetGate, OwnerGate, session_id
+from dpmarket.actors.owner_budget import BudgetGate, OwnerGate, gated_contribute
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.client import NodeKeyMismatch
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
@@ -240,10 +240,8 @@ class OwnerActor:
         admits the round (actors/dcaowner.py).
         """
         hosted = self._owner(owner)
-        dca = _dca_of(hosted, owner)
-        frames = dca.contribute(hosted.party.records(), spec, what, options)
-        if hosted.gate is not None:  # charged durably before any frame leaves (or declined)
-            hosted.gate.secure_round(spec, session_id(dca.trust.pins))
+        dca = _dca_of(hosted, owner)  # charged durably before any frame leaves (or declined)
+        frames = gated_contribute(dca, hosted.gate, hosted.party.records(), spec, what, options)
         return [encode(m) for m in frames]
 
     async def budget_view(self, owner: str) -> dict[str, Any] | None:

@@ -29,13 +29,18 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from dpmarket.actors.budget_config import OwnerBudget
+from dpmarket.actors.dcaowner import OwnerSecureSum
 from dpmarket.actors.ledger_store import LedgerStore
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent
 from dpmarket.protocol.securesum.spec import RoundSpec
+from dpmarket.protocol.wire.codec import Message
 
-__all__ = ["BudgetDeclined", "BudgetGate", "OwnerGate", "session_id"]
+__all__ = ["BudgetDeclined", "BudgetGate", "OwnerGate", "gated_contribute", "session_id"]
 
 # the plan's round labels -> the labels the curator's ledger gives the same releases
 ROUND_LABELS = {
@@ -121,3 +126,21 @@ class OwnerGate:
             "rows": self.store.rows(self.gate.run),
             "declines": list(self.declines),
         }
+
+
+def gated_contribute(
+    dca: OwnerSecureSum,
+    gate: OwnerGate | None,
+    records: npt.NDArray[np.float64],
+    spec: RoundSpec,
+    what: str,
+    options: dict[str, Any],
+) -> list[Message]:
+    """An owner's secure-sum contribution behind its cap: the operator's plan admits the round
+    first (a round it refuses charges nothing, so a relay cannot drain the budget with rounds
+    the plan does not allow), then the charge is committed, and only then are the frames
+    returned to be sent; ``BudgetDeclined`` (no frames) when the cap does not admit it."""
+    frames = dca.contribute(records, spec, what, options)
+    if gate is not None:
+        gate.secure_round(spec, session_id(dca.trust.pins))
+    return frames
