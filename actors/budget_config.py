@@ -117,4 +117,23 @@ def parse_budgets(
     stores = [b.ledger for b in out.values()]
     if len(set(stores)) != len(stores):
         raise ConfigError(f"{path}: [owners]: two owners share one ledger store")
+    for name, budget in out.items():  # a store on this machine is checked now, before a run
+        _check_existing(path, name, Path(budget.ledger))
     return out
+
+
+def _check_existing(path: str, owner: str, store: Path) -> None:
+    """An existing local store must be a ledger store of ``owner`` (one on another node is
+    checked by the owner's actor when it opens it)."""
+    from dpmarket.actors.ledger_store import StoreError, read_store
+
+    if not store.exists():
+        return
+    try:
+        found = read_store(store)["owner"]
+    except StoreError as exc:
+        raise ConfigError(f"{path}: [owners.{owner}]: {exc}") from None
+    if found != owner:
+        raise ConfigError(
+            f"{path}: [owners.{owner}]: {store} is the ledger store of {found!r}, not {owner!r}"
+        )

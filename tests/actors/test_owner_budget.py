@@ -148,3 +148,18 @@ def test_a_declined_round_that_released_is_covered(tmp_path: Path) -> None:
     out = reconcile({"owner-1": curator.to_dict()}, {"owner-1": gate.view()})
     assert out["errors"] == [] and out["owners"]["owner-1"]["declined"] == 1
     assert out["owners"]["owner-1"]["run_charged"] == 0.0
+
+
+def test_an_existing_store_of_another_owner_is_refused_at_load(tmp_path: Path) -> None:
+    from dpmarket.actors.ledger_store import LedgerStore
+    from dpmarket.protocol.privacy.filter import RenyiFilter
+
+    (tmp_path / "stores").mkdir()
+    LedgerStore(tmp_path / "stores" / "owner-1.sqlite", "owner-3", RenyiFilter(1.0, 1e-5)).close()
+    (tmp_path / "stores" / "owner-2.sqlite").write_bytes(b"garbage" * 200)
+    path = _config(tmp_path, 'ledger_dir = "stores"\nowner_budget = 1.0')
+    with pytest.raises(ConfigError, match=r"\[owners.owner-1\]: .* of 'owner-3', not 'owner-1'"):
+        load_market_config(path)
+    (tmp_path / "stores" / "owner-1.sqlite").unlink()
+    with pytest.raises(ConfigError, match=r"\[owners.owner-2\]: .*not a ledger store"):
+        load_market_config(path)
