@@ -28,7 +28,7 @@ CAP = 1.2
 def _config(tmp_path: Path) -> Path:
     text = (ROOT / "configs" / "demo.toml").read_text()
     text = text.replace("[privacy]\n", f'[privacy]\nledger_dir = "stores"\nowner_budget = {CAP}\n')
-    text += "\n[owners.owner-2]\nbudget = {epsilon = 0.3, delta = 1e-5}\n"
+    text += "\n[owners.owner-2]\nbudget = {epsilon = 0.05, delta = 1e-5}\n"
     path = tmp_path / "market.toml"
     path.write_text(text)
     return path
@@ -38,8 +38,9 @@ def test_budgets_outlive_a_run_and_declines_count_against_t(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config, stores = _config(tmp_path), tmp_path / "stores"
-    # first purchase: owner-2's cap (0.3) admits neither secure sum; it declines both and is
-    # absent from them, 1 <= T: the run completes
+    # first purchase: owner-2's cap (0.05) admits neither secure sum nor the summary phase: it
+    # declines all three, is absent from the sums and silent (lost) in the summary, 1 <= T:
+    # the run completes
     assert main(["run", str(config), "--out", str(tmp_path / "first"), *SMALL]) == 0
     report = json.loads((tmp_path / "first" / "report.json").read_text())
     budgets = report["budgets"]
@@ -47,7 +48,9 @@ def test_budgets_outlive_a_run_and_declines_count_against_t(
     assert {o: e["status"] for o, e in budgets["owners"].items()} == dict.fromkeys(
         ("owner-1", "owner-2", "owner-3", "owner-4"), "ok"
     )
-    assert budgets["owners"]["owner-2"]["declined"] == 2
+    assert budgets["owners"]["owner-2"]["declined"] == 3
+    assert budgets["owners"]["owner-2"]["run_charged"] == 0.0
+    assert list(report["faults"]["lost"]) == ["owner-2"]
     assert budgets["owners"]["owner-1"]["declined"] == 0
     assert 1.0 < budgets["owners"]["owner-1"]["spent"] <= CAP
     assert set(map(tuple, report["secure_phases"]["absent"].values())) == {("owner-2",)}
