@@ -7,6 +7,8 @@ Keys (all optional; without a store for any owner a run has no persistent budget
 - ``[privacy].owner_budget``: the market-wide cap, epsilon at ``[privacy].delta``.
 - ``[owners.NAME].budget = {epsilon = E, delta = D}``: that owner's own cap.
 - ``[owners.NAME].ledger = "PATH"``: that owner's store (on its own node).
+- ``[consumer].budget = {epsilon = E, delta = D}``: the cap of the consumer's validation set
+  across purchases, in ``[consumer].ledger`` (default ``[privacy].ledger_dir``/consumer.sqlite).
 
 Relative paths are taken from the config file's folder. Every owner with a store needs a cap
 (its own or the market-wide one) and every owner with a cap a store; anything else is refused
@@ -22,7 +24,7 @@ from typing import Any
 
 from dpmarket.actors.config_checks import ConfigError
 
-__all__ = ["BUDGET_PRIVACY_KEYS", "OwnerBudget", "parse_budgets"]
+__all__ = ["BUDGET_PRIVACY_KEYS", "OwnerBudget", "parse_budgets", "parse_consumer"]
 
 BUDGET_PRIVACY_KEYS = frozenset({"ledger_dir", "owner_budget"})
 _OWNER_KEYS = {"budget", "ledger"}
@@ -122,6 +124,10 @@ def parse_budgets(
     return out
 
 
+def _key(owner: str) -> str:
+    return "[consumer]" if owner == "consumer" else f"[owners.{owner}]"
+
+
 def _check_existing(path: str, owner: str, store: Path) -> None:
     """An existing local store must be a ledger store of ``owner`` (one on another node is
     checked by the owner's actor when it opens it)."""
@@ -132,8 +138,42 @@ def _check_existing(path: str, owner: str, store: Path) -> None:
     try:
         found = read_store(store)["owner"]
     except StoreError as exc:
-        raise ConfigError(f"{path}: [owners.{owner}]: {exc}") from None
+        raise ConfigError(f"{path}: {_key(owner)}: {exc}") from None
     if found != owner:
         raise ConfigError(
-            f"{path}: [owners.{owner}]: {store} is the ledger store of {found!r}, not {owner!r}"
+            f"{path}: {_key(owner)}: {store} is the ledger store of {found!r}, not {owner!r}"
         )
+
+
+def parse_consumer(path: str, privacy: dict[str, Any], table: object) -> OwnerBudget | None:
+    """The consumer's store and cap (``[consumer]``), or None; ConfigError by key."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [consumer]: expected a table with {sorted(_OWNER_KEYS)}")
+    extra = sorted(set(table) - _OWNER_KEYS)
+    if extra:
+        raise ConfigError(
+            f"{path}: [consumer]: unknown keys {extra}; allowed {sorted(_OWNER_KEYS)}"
+        )
+    if not table:
+        return None
+    budget = table.get("budget")
+    if not isinstance(budget, dict) or set(budget) != {"epsilon", "delta"}:
+        raise ConfigError(
+            f"{path}: [consumer].budget: expected {{epsilon = E, delta = D}}, got {budget!r}"
+        )
+    base = Path(path).parent
+    if "ledger" in table:
+        store = _path(base, path, "[consumer].ledger", table["ledger"])
+    elif privacy.get("ledger_dir") is not None:
+        store = _path(base, path, "[privacy].ledger_dir", privacy["ledger_dir"]) / "consumer.sqlite"
+    else:
+        raise ConfigError(
+            f"{path}: [consumer]: a budget needs a store: set [consumer].ledger or "
+            "[privacy].ledger_dir"
+        )
+    _check_existing(path, "consumer", store)
+    return OwnerBudget(
+        str(store),
+        _epsilon(path, "[consumer].budget.epsilon", budget["epsilon"]),
+        _delta(path, "[consumer].budget.delta", budget["delta"]),
+    )

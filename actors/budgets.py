@@ -26,19 +26,31 @@ from pathlib import Path
 from typing import Any
 
 from dpmarket.actors.config import MarketConfig
+from dpmarket.actors.ledger_store import LedgerStore
 from dpmarket.actors.owner_budget import BudgetGate
+from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent, PrivacyLedger
 from dpmarket.protocol.summary.curator import CuratorParams
-from dpmarket.protocol.summary.snr import planned_owner_ledger
+from dpmarket.protocol.summary.snr import planned_owner_ledger, planned_validation_ledger
 
-__all__ = ["collect_views", "ledger_run_id", "owner_gates", "reconcile"]
+__all__ = [
+    "budget_report",
+    "collect_views",
+    "consumer_refusal",
+    "ledger_run_id",
+    "owner_gates",
+    "reconcile",
+]
 
 SECURE_LABELS = ("normalise (secure sum)", "scan (secure sum)", "scan refresh (secure sum)")
 TOLERANCE = 1e-6  # relative: both sides are the same PLD computation of the same events
 
 
-def ledger_run_id(journal_dir: Path, fresh: bool) -> str:
-    """This run's id in the owners' stores: new for a fresh run, the journaled one on resume."""
+def ledger_run_id(journal_dir: Path, fresh: bool, config: MarketConfig) -> str:
+    """This run's id in the owners' stores: new for a fresh run, the journaled one on resume
+    ("" without persistent budgets)."""
+    if not config.budgets and config.consumer_budget is None:
+        return ""
     path = journal_dir / "ledger_run"
     if not fresh and path.is_file():
         return path.read_text(encoding="utf-8").strip()
@@ -47,13 +59,81 @@ def ledger_run_id(journal_dir: Path, fresh: bool) -> str:
     return run
 
 
-def owner_gates(config: MarketConfig, params: CuratorParams, run: str) -> dict[str, BudgetGate]:
+def owner_gates(
+    config: MarketConfig, params: CuratorParams, run: str
+) -> dict[str, BudgetGate] | None:
     """Per owner with a store: its gate (store, cap, this run, the planned summary charge)."""
+    if not config.budgets:
+        return None
     summary = tuple(  # labelled as what they are: the plan's upper bound, charged up front
         dataclasses.replace(e, label=f"summary plan: {e.label or e.mechanism}")
         for e in planned_owner_ledger(params).events
     )
     return {name: BudgetGate(b, run, summary) for name, b in config.budgets.items()}
+
+
+def _consumer_store(config: MarketConfig) -> LedgerStore:
+    b = config.consumer_budget
+    assert b is not None
+    return LedgerStore(b.ledger, "consumer", RenyiFilter(b.epsilon, b.delta))
+
+
+def consumer_refusal(
+    config: MarketConfig, params: CuratorParams, run: str
+) -> dict[str, Any] | None:
+    """Charge the consumer's store for this purchase's validation release (its planned events,
+    fixed by the config and m) before anything is spent; a refusal payload (exit 3) when the
+    consumer's cap does not admit it. Release id ``RUN:validation``: a resume pays nothing."""
+    if config.consumer_budget is None:
+        return None
+    store = _consumer_store(config)
+    try:
+        store.begin_run(run)
+        events = [
+            dataclasses.replace(e, label=f"validation plan: {e.label or e.mechanism}")
+            for e in planned_validation_ledger(params).events
+        ]
+        decision = store.charge(f"{run}:validation", run, events)
+    finally:
+        store.close()
+    if decision.admitted:
+        return None
+    b = config.consumer_budget
+    return {
+        "state": "refused",
+        "reason": (
+            f"the consumer's budget ({b.epsilon:g} at delta {b.delta:g}, {decision.spent:.4g} "
+            "spent) does not admit this purchase's validation release"
+        ),
+    }
+
+
+def budget_report(
+    config: MarketConfig,
+    run: str,
+    handles: dict[str, Any],
+    alive: list[str],
+    ledgers: dict[str, dict[str, Any]],
+) -> dict[str, Any] | None:
+    """The ``budgets`` section of report.json (None without persistent budgets): every owner's
+    store, and the consumer's against the validation set's ledger, compared (:func:`reconcile`)."""
+    if not config.budgets and config.consumer_budget is None:
+        return None
+    views = collect_views(handles, list(config.budgets), alive)
+    if config.consumer_budget is not None:
+        store = _consumer_store(config)
+        try:
+            views["consumer"] = {
+                "run": run,
+                "cap": store.filter.epsilon,
+                "delta": store.filter.delta,
+                "spent": store.filter.spent(store.events()),
+                "rows": store.rows(run),
+            }
+        finally:
+            store.close()
+        ledgers = ledgers | {"consumer": ledgers.get("validation", {"party": "consumer"})}
+    return reconcile(ledgers, views)
 
 
 def collect_views(

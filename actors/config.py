@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from dpmarket.actors import config_checks as checks
-from dpmarket.actors.budget_config import BUDGET_PRIVACY_KEYS, OwnerBudget, parse_budgets
+from dpmarket.actors.budget_config import (
+    BUDGET_PRIVACY_KEYS,
+    OwnerBudget,
+    parse_budgets,
+    parse_consumer,
+)
 from dpmarket.actors.config_checks import ConfigError
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.spec import SHARE_MODES
@@ -105,6 +110,7 @@ class MarketConfig:
     secure: dict[str, Any] = field(default_factory=dict)
     path: str = "<memory>"
     budgets: dict[str, OwnerBudget] = field(default_factory=dict)  # actors/budget_config.py
+    consumer_budget: OwnerBudget | None = None  # the validation set's store and cap
 
     @property
     def noise(self) -> NoiseSource:
@@ -220,7 +226,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
     for item in sets or []:
         checks.apply_set(data, item)
-    check_keys(f"{name}: top level", data, set(_MARKET_SECTIONS) | {"owners"})
+    check_keys(f"{name}: top level", data, set(_MARKET_SECTIONS) | {"owners", "consumer"})
     for section, allowed in _MARKET_SECTIONS.items():
         if not isinstance(data.get(section, {}), dict):
             raise ConfigError(f"{name}: [{section}]: expected a table, got {data[section]!r}")
@@ -290,7 +296,8 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     budgets = parse_budgets(
         name, data.get("privacy", {}), data.get("owners", {}), owners, config.delta
     )
-    config = dataclasses.replace(config, budgets=budgets)
+    consumer = parse_consumer(name, data.get("privacy", {}), data.get("consumer", {}))
+    config = dataclasses.replace(config, budgets=budgets, consumer_budget=consumer)
     m = config.data.get("n_validation", 500)  # m is known at run time; any m checks the keys
     try:
         config.curator_params(gamma=1.0, m=m if isinstance(m, int) and m >= 1 else 500)

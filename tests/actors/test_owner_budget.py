@@ -163,3 +163,55 @@ def test_an_existing_store_of_another_owner_is_refused_at_load(tmp_path: Path) -
     (tmp_path / "stores" / "owner-1.sqlite").unlink()
     with pytest.raises(ConfigError, match=r"\[owners.owner-2\]: .*not a ledger store"):
         load_market_config(path)
+
+
+def test_consumer_budget_config(tmp_path: Path) -> None:
+    path = _config(
+        tmp_path,
+        'ledger_dir = "stores"\nowner_budget = 2.0',
+        "[consumer]\nbudget = {epsilon = 8.0, delta = 1e-6}\n",
+    )
+    config = load_market_config(path)
+    assert config.consumer_budget == OwnerBudget(
+        str(tmp_path / "stores" / "consumer.sqlite"), 8.0, 1e-6
+    )
+    assert len(config.budgets) == 4
+    alone = _config(
+        tmp_path, "", '[consumer]\nledger = "c.sqlite"\nbudget = {epsilon = 8.0, delta = 1e-6}'
+    )
+    assert load_market_config(alone).budgets == {}
+    for privacy, consumer, message in (
+        ("", "[consumer]\nbudget = {epsilon = 8.0, delta = 1e-6}", r"\[consumer\]: a budget needs"),
+        ("", "[consumer]\nledger = 'c.sqlite'", r"\[consumer\].budget"),
+        ("", "[consumer]\nledger = 'c'\nbudget = {epsilon = 0, delta = 1e-6}", "epsilon"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_market_config(_config(tmp_path, privacy, consumer))
+
+
+def test_consumer_pays_each_purchase_once_and_is_refused_beyond_its_cap(tmp_path: Path) -> None:
+    from dpmarket.actors.budgets import budget_report, consumer_refusal
+    from dpmarket.protocol.summary.snr import planned_validation_ledger
+
+    path = _config(
+        tmp_path,
+        "",
+        '[consumer]\nledger = "stores/consumer.sqlite"\nbudget = {epsilon = 5.0, delta = 1e-5}',
+    )
+    config = load_market_config(path)
+    params = config.curator_params(gamma=1.0, m=200)  # eps 3 by PLD, 4.14 by the filter
+    assert consumer_refusal(config, params, "run-1") is None
+    assert consumer_refusal(config, params, "run-1") is None  # a resume: nothing charged again
+    refused = consumer_refusal(config, params, "run-2")
+    assert refused is not None and refused["state"] == "refused"
+    assert "consumer's budget" in refused["reason"]
+    rows = read_store(tmp_path / "stores" / "consumer.sqlite")["rows"]
+    assert [r["state"] for r in rows] == ["charged", "declined"]
+    # the end-of-run comparison: the curator's validation ledger against the consumer's store
+    curator = planned_validation_ledger(params)
+    report = budget_report(config, "run-1", {}, [], {"validation": curator.to_dict()})
+    assert report is not None and report["errors"] == []
+    assert report["owners"]["consumer"]["status"] == "ok"
+    curator.gaussian(1.0, 1.0, label="an extra release of D_v")
+    report = budget_report(config, "run-1", {}, [], {"validation": curator.to_dict()})
+    assert report is not None and report["owners"]["consumer"]["status"] == "mismatch"

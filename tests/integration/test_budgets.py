@@ -25,10 +25,11 @@ SMALL = [
 CAP = 1.2
 
 
-def _config(tmp_path: Path) -> Path:
+def _config(tmp_path: Path, consumer_cap: float = 10.0) -> Path:
     text = (ROOT / "configs" / "demo.toml").read_text()
     text = text.replace("[privacy]\n", f'[privacy]\nledger_dir = "stores"\nowner_budget = {CAP}\n')
     text += "\n[owners.owner-2]\nbudget = {epsilon = 0.05, delta = 1e-5}\n"
+    text += f"\n[consumer]\nbudget = {{epsilon = {consumer_cap:g}, delta = 1e-5}}\n"
     path = tmp_path / "market.toml"
     path.write_text(text)
     return path
@@ -46,7 +47,7 @@ def test_budgets_outlive_a_run_and_declines_count_against_t(
     budgets = report["budgets"]
     assert budgets["errors"] == []
     assert {o: e["status"] for o, e in budgets["owners"].items()} == dict.fromkeys(
-        ("owner-1", "owner-2", "owner-3", "owner-4"), "ok"
+        ("owner-1", "owner-2", "owner-3", "owner-4", "consumer"), "ok"
     )
     assert budgets["owners"]["owner-2"]["declined"] == 3
     assert budgets["owners"]["owner-2"]["run_charged"] == 0.0
@@ -66,7 +67,30 @@ def test_budgets_outlive_a_run_and_declines_count_against_t(
     assert set(summary) == set(first)
     for owner, entry in summary.items():
         assert entry["runs"] == 2 and entry["spent"] <= entry["cap"]
-        assert entry["spent"] == pytest.approx(first[owner])  # the refused run charged nothing
+        if owner != "consumer":  # the owners declined: the refused run charged them nothing
+            assert entry["spent"] == pytest.approx(first[owner])
+    # the consumer pays up front, before the owners decline (an over-count, never an under-
+    # count): its cap (10) admitted the second validation release, 4.14 -> 6.00 by the filter
+    assert summary["consumer"]["spent"] > first["consumer"] + 1.5
     rows = read_store(stores / "owner-1.sqlite")["rows"]
     declined = [r for r in rows if r["state"] == "declined"]
     assert [r["label"] for r in declined] == ["normalise (secure sum)"]
+
+
+def test_a_consumer_over_its_cap_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """The consumer's store already holds a charge of about 4.1 by the filter; with a cap of 5
+    it does not admit the demo's validation release (4.14 alone): exit 3, no report, no owner
+    store touched."""
+    from dpmarket.actors.ledger_store import LedgerStore
+    from dpmarket.protocol.privacy.filter import RenyiFilter
+    from dpmarket.protocol.privacy.ledger import MechanismEvent
+
+    config = _config(tmp_path, consumer_cap=5.0)
+    store = LedgerStore(tmp_path / "stores" / "consumer.sqlite", "consumer", RenyiFilter(5.0, 1e-5))
+    store.charge("earlier", "earlier", MechanismEvent("gaussian", (("sigma", 1.4),), 1.0))
+    store.close()
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), *SMALL]) == 3
+    assert not (tmp_path / "out" / "report.json").exists()
+    assert sorted(p.name for p in (tmp_path / "stores").iterdir()) == ["consumer.sqlite"]
+    rows = read_store(tmp_path / "stores" / "consumer.sqlite")["rows"]
+    assert [r["state"] for r in rows] == ["charged", "declined"]
