@@ -7,6 +7,8 @@ Keys (all optional; without a store for any owner a run has no persistent budget
 - ``[privacy].owner_budget``: the market-wide cap, epsilon at ``[privacy].delta``.
 - ``[owners.NAME].budget = {epsilon = E, delta = D}``: that owner's own cap.
 - ``[owners.NAME].ledger = "PATH"``: that owner's store (on its own node).
+- ``[privacy].block_records = N``: owners' records are grouped by arrival into blocks of N,
+  each with the owner's cap as its own budget (actors/owner_budget.py, "Blocks").
 - ``[consumer].budget = {epsilon = E, delta = D}``: the cap of the consumer's validation set
   across purchases, in ``[consumer].ledger`` (default ``[privacy].ledger_dir``/consumer.sqlite).
 
@@ -26,7 +28,7 @@ from dpmarket.actors.config_checks import ConfigError
 
 __all__ = ["BUDGET_PRIVACY_KEYS", "OwnerBudget", "parse_budgets", "parse_consumer"]
 
-BUDGET_PRIVACY_KEYS = frozenset({"ledger_dir", "owner_budget"})
+BUDGET_PRIVACY_KEYS = frozenset({"ledger_dir", "owner_budget", "block_records"})
 _OWNER_KEYS = {"budget", "ledger"}
 
 
@@ -37,6 +39,7 @@ class OwnerBudget:
     ledger: str
     epsilon: float
     delta: float
+    block_records: int = 0  # > 0: blocks of this many records (arrival order), own budgets
 
 
 def _epsilon(path: str, key: str, value: object) -> float:
@@ -80,6 +83,9 @@ def parse_budgets(
         if default_cap is None
         else (_epsilon(path, "[privacy].owner_budget", default_cap), delta)
     )
+    blocks = privacy.get("block_records", 0)
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 0:
+        raise ConfigError(f"{path}: [privacy].block_records: expected an integer >= 0")
     out: dict[str, OwnerBudget] = {}
     for name in owners:
         table = owners_table.get(name, {})
@@ -115,7 +121,9 @@ def parse_budgets(
             raise ConfigError(
                 f"{path}: {key}: a store needs a cap: set [privacy].owner_budget or {key}.budget"
             )
-        out[name] = OwnerBudget(str(store), cap[0], cap[1])
+        out[name] = OwnerBudget(str(store), cap[0], cap[1], blocks)
+    if blocks and not out:
+        raise ConfigError(f"{path}: [privacy].block_records: blocks need owners' stores and caps")
     stores = [b.ledger for b in out.values()]
     if len(set(stores)) != len(stores):
         raise ConfigError(f"{path}: [owners]: two owners share one ledger store")

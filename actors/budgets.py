@@ -69,7 +69,9 @@ def owner_gates(
         dataclasses.replace(e, label=f"summary plan: {e.label or e.mechanism}")
         for e in planned_owner_ledger(params).events
     )
-    return {name: BudgetGate(b, run, summary) for name, b in config.budgets.items()}
+    return {
+        name: BudgetGate(b, run, summary, b.block_records) for name, b in config.budgets.items()
+    }
 
 
 def _consumer_store(config: MarketConfig) -> LedgerStore:
@@ -160,7 +162,9 @@ def _epsilon(events: list[MechanismEvent], delta: float) -> float:
 
 
 def _row_events(rows: list[dict[str, Any]]) -> list[MechanismEvent]:
-    return [MechanismEvent.from_dict(e) for r in rows for e in r["events"]]
+    """The events of ``rows``, once per release (with blocks a release has a row per block)."""
+    once = {r["release"]: r for r in reversed(rows)}
+    return [MechanismEvent.from_dict(e) for r in once.values() for e in r["events"]]
 
 
 def reconcile(

@@ -46,14 +46,17 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE TABLE IF NOT EXISTS charges (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    release TEXT NOT NULL UNIQUE,
+    release TEXT NOT NULL,
+    block INTEGER NOT NULL DEFAULT -1,
     run TEXT NOT NULL,
     label TEXT NOT NULL,
     event TEXT NOT NULL,
     state TEXT NOT NULL CHECK (state IN ('charged', 'declined')),
     at REAL NOT NULL,
-    spent_after REAL NOT NULL
+    spent_after REAL NOT NULL,
+    UNIQUE (release, block)
 );
+CREATE TABLE IF NOT EXISTS retired (block INTEGER PRIMARY KEY, run TEXT NOT NULL, at REAL NOT NULL);
 """
 
 
@@ -125,15 +128,68 @@ class LedgerStore:
             (run, time.time(), self.filter.epsilon, self.filter.delta),
         )
 
-    def _events(self) -> list[MechanismEvent]:
+    def _events(self, block: int = -1) -> list[MechanismEvent]:
         rows = self._conn.execute(
-            "SELECT event FROM charges WHERE state = 'charged' ORDER BY seq"
+            "SELECT event FROM charges WHERE state = 'charged' AND block = ? ORDER BY seq",
+            (block,),
         ).fetchall()
         return [MechanismEvent.from_dict(e) for r in rows for e in json.loads(r[0])]
 
-    def events(self) -> list[MechanismEvent]:
-        """Every charged event, oldest first."""
-        return self._events()
+    def events(self, block: int = -1) -> list[MechanismEvent]:
+        """Every charged event (of the whole store, or of one block), oldest first."""
+        return self._events(block)
+
+    def retired(self) -> set[int]:
+        """The blocks whose budget is spent: never read again."""
+        return {int(r[0]) for r in self._conn.execute("SELECT block FROM retired")}
+
+    def charge_blocks(
+        self, release: str, run: str, events: Sequence[MechanismEvent], blocks: Sequence[int]
+    ) -> list[int]:
+        """Charge ``events`` to every live block of ``blocks`` whose filter admits them, in one
+        transaction, and retire each live block whose filter does not (it is never read again,
+        by this release or any later one). Returns the blocks the release may read. A release
+        id seen before returns the blocks it was charged to and charges nothing again."""
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                read = self._charge_blocks(release, run, list(events), blocks)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return read
+
+    def _charge_blocks(
+        self, release: str, run: str, events: list[MechanismEvent], blocks: Sequence[int]
+    ) -> list[int]:
+        retired, read, now = self.retired(), [], time.time()
+        label = "; ".join(sorted({e.label for e in events}))
+        body = json.dumps([e.to_dict() for e in events], sort_keys=True)
+        for block in blocks:
+            row = self._conn.execute(
+                "SELECT state FROM charges WHERE release = ? AND block = ?", (release, block)
+            ).fetchone()
+            if row is not None or block in retired:
+                read += [block] if row is not None and row[0] == "charged" else []
+                continue
+            past = self._events(block)
+            spent = self.filter.spent([*past, *events])
+            admitted = spent <= self.filter.epsilon
+            self._conn.execute(
+                "INSERT INTO charges (release, block, run, label, event, state, at, spent_after) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    release, block, run, label, body, "charged" if admitted else "declined",
+                    now, spent if admitted else self.filter.spent(past),
+                ),
+            )  # fmt: skip
+            if admitted:
+                read.append(block)
+            else:
+                self._conn.execute("INSERT INTO retired VALUES (?, ?, ?)", (block, run, now))
+        return read
 
     def charge(
         self, release: str, run: str, event: MechanismEvent | Sequence[MechanismEvent]
@@ -152,7 +208,8 @@ class LedgerStore:
         conn.execute("BEGIN IMMEDIATE")  # one spender at a time on this store
         try:
             row = conn.execute(
-                "SELECT state, spent_after FROM charges WHERE release = ?", (release,)
+                "SELECT state, spent_after FROM charges WHERE release = ? AND block = -1",
+                (release,),
             ).fetchone()
             if row is not None:
                 conn.execute("COMMIT")
@@ -182,12 +239,12 @@ class LedgerStore:
 
     def rows(self, run: str | None = None) -> list[dict[str, Any]]:
         """Every recorded decision (of one run, or all), oldest first."""
-        sql = "SELECT release, run, label, event, state, at, spent_after FROM charges"
+        sql = "SELECT release, run, label, event, state, at, spent_after, block FROM charges"
         args: tuple[str, ...] = ()
         if run is not None:
             sql, args = sql + " WHERE run = ?", (run,)
         out = []
-        for release, run_, label, event, state, at, spent in self._conn.execute(
+        for release, run_, label, event, state, at, spent, block in self._conn.execute(
             sql + " ORDER BY seq", args
         ):
             out.append(
@@ -199,6 +256,7 @@ class LedgerStore:
                     "state": state,
                     "at": at,
                     "spent_after": spent,
+                    "block": block,
                 }
             )
         return out
@@ -224,13 +282,16 @@ def read_store(path: str | Path) -> dict[str, Any]:
                 "state": st,
                 "at": at,
                 "spent_after": sp,
+                "block": b,
             }
-            for r, lab, e, st, at, sp in conn.execute(
-                "SELECT release, label, event, state, at, spent_after FROM charges ORDER BY seq"
+            for r, lab, e, st, at, sp, b in conn.execute(
+                "SELECT release, label, event, state, at, spent_after, block FROM charges "
+                "ORDER BY seq"
             )
         ]
+        retired = [int(r[0]) for r in conn.execute("SELECT block FROM retired ORDER BY block")]
     except sqlite3.Error as exc:
         raise StoreError(f"{p}: not a ledger store ({exc})") from None
     finally:
         conn.close()
-    return {"owner": meta.get("owner", p.stem), "runs": runs, "rows": rows}
+    return {"owner": meta.get("owner", p.stem), "runs": runs, "rows": rows, "retired": retired}

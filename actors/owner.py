@@ -127,8 +127,11 @@ class OwnerActor:
             await asyncio.sleep(delay)
         out: list[bytes] = []
         for h, frames in zip(hosted, batches.values(), strict=True):
-            if h.gate is not None and not h.gate.summary_admitted():
-                continue  # declined by its cap: silent, so the curator counts it lost (T)
+            if h.gate is not None:  # its cap (actors/owner_budget.py): charged before replies
+                live = h.gate.summary_gate(h.party.n_records)
+                if live is None:
+                    continue  # declined: silent, so the curator counts it lost (T)
+                h.party.retire(~live)  # records of blocks that cannot pay are never bid
             replies, errors = handle_frames(h.party, h.guard, frames)
             h.errors.extend(errors)
             out.extend(replies)

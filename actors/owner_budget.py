@@ -62,6 +62,7 @@ class BudgetGate:
     budget: OwnerBudget
     run: str
     summary: tuple[MechanismEvent, ...] = ()
+    block_records: int = 0  # > 0: records grouped by arrival into blocks with their own budgets
 
 
 def session_id(pins: dict[str, str]) -> str:
@@ -72,7 +73,9 @@ def session_id(pins: dict[str, str]) -> str:
 
 
 class OwnerGate:
-    """One owner's store and filter inside its actor (module docstring: what is charged)."""
+    """One owner's store and filter inside its actor (module docstring: what is charged).
+    With ``block_records`` N, record i (in arrival order) belongs to block i // N and every
+    block has its own budget (module docstring, "Blocks")."""
 
     def __init__(self, owner: str, gate: BudgetGate) -> None:
         self.owner, self.gate = owner, gate
@@ -81,19 +84,48 @@ class OwnerGate:
         )
         self.store.begin_run(gate.run)
         self._summary: bool | None = None
+        self._summary_blocks: set[int] = set()  # blocks asked to pay this run's summary plan
+        self._summary_read: set[int] = set()  # ... and those that paid it
         self.declines: list[str] = []
 
-    def secure_round(self, spec: RoundSpec, session: str) -> None:
-        """Charge a secure-sum round before its frames are sent; BudgetDeclined otherwise."""
-        release = f"{self.gate.run}:{session}:{spec.round}"
+    @property
+    def blocked(self) -> bool:
+        return self.gate.block_records > 0
+
+    def _blocks(self, n: int, start: int = 0) -> list[int]:
+        size = self.gate.block_records
+        return list(range(start // size, -(-n // size))) if n > start else []
+
+    def _mask(self, n: int, blocks: set[int]) -> npt.NDArray[np.bool_]:
+        of = np.arange(n) // self.gate.block_records
+        return np.isin(of, sorted(blocks - self.store.retired()))
+
+    def _round_event(self, spec: RoundSpec, release: str) -> MechanismEvent:
         if spec.sigma_std <= 0:
             self.declines.append(f"{release}: no noise")
             raise BudgetDeclined(f"{self.owner}: round {spec.round} has no noise; declined")
         label = ROUND_LABELS.get(spec.label, spec.label or f"secure sum round {spec.round}")
-        event = MechanismEvent(
+        return MechanismEvent(
             "gaussian", (("sigma", spec.sigma_std),), spec.sensitivity,
             neighbouring=spec.neighbouring, label=label,
         )  # fmt: skip
+
+    def secure_round(
+        self, spec: RoundSpec, session: str, n_records: int = 0, start: int = 0
+    ) -> npt.NDArray[np.bool_] | None:
+        """Charge a secure-sum round before its frames are sent; BudgetDeclined otherwise.
+        With blocks: charged to the live blocks holding records ``start:n_records`` (the ones
+        it reads), retiring those that cannot pay; returns which records it may read."""
+        release = f"{self.gate.run}:{session}:{spec.round}"
+        event = self._round_event(spec, release)
+        if self.blocked:
+            read = self.store.charge_blocks(
+                release, self.gate.run, [event], self._blocks(n_records, start)
+            )
+            if not read and n_records > start:
+                self.declines.append(release)
+                raise BudgetDeclined(f"{self.owner}: round {spec.round}: every block is spent")
+            return self._mask(n_records, set(read))
         decision = self.store.charge(release, self.gate.run, event)
         if not decision.admitted:
             self.declines.append(release)
@@ -101,6 +133,25 @@ class OwnerGate:
                 f"{self.owner}: round {spec.round} does not fit the cap "
                 f"(spent {decision.spent:.4g} of {self.gate.budget.epsilon:g}); declined"
             )
+        return None
+
+    def summary_gate(self, n_records: int) -> npt.NDArray[np.bool_] | None:
+        """Before answering a summary frame: the records the owner may bid and deliver, or
+        None (declined: stay silent). The summary plan is charged once per run, to each block
+        the first time it holds records (blocks arriving during the run pay when they arrive)."""
+        if not self.blocked:
+            return np.ones(n_records, dtype=np.bool_) if self.summary_admitted() else None
+        new = [b for b in self._blocks(n_records) if b not in self._summary_blocks]
+        if new and self.gate.summary:
+            release = f"{self.gate.run}:summary"
+            read = self.store.charge_blocks(release, self.gate.run, self.gate.summary, new)
+            self._summary_read.update(read)
+            self.declines.extend(f"{release}#{b}" for b in sorted(set(new) - set(read)))
+        elif new:
+            self._summary_read.update(new)
+        self._summary_blocks.update(new)
+        live = self._mask(n_records, self._summary_read)
+        return None if n_records and not live.any() else live
 
     def summary_admitted(self) -> bool:
         """Charge the summary phase's planned events once (before the first answer)."""
@@ -116,16 +167,25 @@ class OwnerGate:
         return self._summary
 
     def view(self) -> dict[str, Any]:
-        """This run's decisions and the store's totals, for the end-of-run comparison."""
-        events = self.store.events()
-        return {
+        """This run's decisions and the store's totals, for the end-of-run comparison. With
+        blocks, ``spent`` is the most any block has spent (its records' guarantee)."""
+        rows = self.store.rows(self.gate.run)
+        out: dict[str, Any] = {
             "run": self.gate.run,
             "cap": self.gate.budget.epsilon,
             "delta": self.gate.budget.delta,
-            "spent": self.store.filter.spent(events),
-            "rows": self.store.rows(self.gate.run),
+            "spent": self.store.filter.spent(self.store.events()),
+            "rows": rows,
             "declines": list(self.declines),
         }
+        if self.blocked:
+            blocks = sorted({r["block"] for r in self.store.rows()} - {-1})
+            spent = {b: self.store.filter.spent(self.store.events(b)) for b in blocks}
+            out |= {
+                "spent": max(spent.values(), default=0.0),
+                "retired": sorted(self.store.retired()),
+            }
+        return out
 
 
 def gated_contribute(
@@ -140,7 +200,21 @@ def gated_contribute(
     first (a round it refuses charges nothing, so a relay cannot drain the budget with rounds
     the plan does not allow), then the charge is committed, and only then are the frames
     returned to be sent; ``BudgetDeclined`` (no frames) when the cap does not admit it."""
-    frames = dca.contribute(records, spec, what, options)
-    if gate is not None:
-        gate.secure_round(spec, session_id(dca.trust.pins))
-    return frames
+    session = session_id(dca.trust.pins)
+    if gate is None or not gate.blocked:
+        frames = dca.contribute(records, spec, what, options)
+        if gate is not None:
+            gate.secure_round(spec, session)
+        return frames
+    # blocks: what is read depends on which blocks can pay, so the plan's admission (and its
+    # count) is checked before the charge, the charge made, and then only live blocks are read
+    plan = dca.trust.plan
+    plan.admit(spec, what, options)
+    if dca.allowance.used[spec.label] >= plan.rounds[spec.label].max_rounds:
+        raise ValueError(f"plan: round {spec.label!r}: the plan's rounds are all used")
+    start = 0
+    if what == "sketch_delta":  # only the records added since its base round are read
+        base = options.get("base_rounds", {}).get(dca.name)
+        start = dca.sketched.get(base, 0) if base is not None else 0
+    live = gate.secure_round(spec, session, len(records), start)
+    return dca.contribute(records, spec, what, options, live)
