@@ -21,6 +21,21 @@ round makes ``dca_contribute`` fail, so the hub counts the owner absent from tha
 declined summary phase makes the owner silent, so the curator counts it lost at the deadline:
 both count against T, and a run with more than T refuses (exit 3). A decline depends only on
 public parameters and the owner's own past charges, never on its records.
+
+**Blocks** (``[privacy].block_records = N``; Sage, SOSP 2019, with record counts for time):
+record i of an owner, in arrival order, belongs to block ``i // N``, and each block has the
+owner's cap as its own budget in the store. A release is charged to each live block it reads
+(a secure-sum round: the blocks holding the records it covers, for a refresh only those added
+since its base round; the summary plan: every block, each the first time it holds records in
+the run, so blocks arriving mid-run pay when they arrive). A block whose filter does not admit
+a release is retired in the same transaction and never read again: its records leave every
+later sketch and are never bid or delivered (``Owner.retire``). New blocks arrive with full
+budgets. The guarantee is parallel composition over disjoint blocks: neighbouring data differ
+by one record in one block (a record's block is its arrival position, public metadata fixed
+when it arrives, as Sage's time windows; the owner's inputs are append-only and read in the
+same order by every run), a release that does not read a block does not depend on it, so
+that record's loss composes only the releases charged to its block, which its filter keeps
+within ``(epsilon, delta)``; the owner's ``spent`` is the largest block's.
 """
 
 from __future__ import annotations

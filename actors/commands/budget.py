@@ -39,7 +39,8 @@ def _stores(target: Path) -> list[Path]:
 def _owner(contents: dict[str, Any]) -> dict[str, Any]:
     runs = contents["runs"]
     charged = [r for r in contents["rows"] if r["state"] == "charged"]
-    events = [MechanismEvent.from_dict(e) for r in charged for e in r["events"]]
+    once = {r["release"]: r for r in charged}  # with blocks, a release has a row per block
+    events = [MechanismEvent.from_dict(e) for r in once.values() for e in r["events"]]
     by_label: Counter[str] = Counter()
     for e in events:
         by_label[e.label or e.mechanism] += e.count
@@ -55,9 +56,27 @@ def _owner(contents: dict[str, Any]) -> dict[str, Any]:
     }
     if runs:
         cap, delta = float(runs[-1]["cap_epsilon"]), float(runs[-1]["delta"])
-        spent = RenyiFilter(cap, delta).spent(events)
+        filt = RenyiFilter(cap, delta)
+        spent = filt.spent(_events(charged, -1))
+        blocks = sorted({r["block"] for r in charged if r["block"] >= 0} | set(contents["retired"]))
+        if blocks:  # each block's own budget; the owner's spent is the largest block's
+            per = {b: filt.spent(_events(charged, b)) for b in blocks}
+            entry["blocks"] = {
+                str(b): {
+                    "spent": per[b],
+                    "left": max(0.0, cap - per[b]),
+                    "retired": b in contents["retired"],
+                }
+                for b in blocks
+            }
+            spent = max(spent, *per.values())
         entry |= {"spent": spent, "cap": cap, "delta": delta, "left": max(0.0, cap - spent)}
     return entry
+
+
+def _events(rows: list[dict[str, Any]], block: int) -> list[MechanismEvent]:
+    """The events of ``rows`` charged to ``block`` (-1: the owner's store without blocks)."""
+    return [MechanismEvent.from_dict(e) for r in rows if r["block"] == block for e in r["events"]]
 
 
 def budget_summary(target: Path) -> dict[str, Any]:
@@ -122,6 +141,12 @@ def _budget(args: argparse.Namespace) -> int:
         )
         for label, count in e["mechanisms"].items():
             print(f"{'':<12}   {count:>5} x {label}")
+        for block, b in e.get("blocks", {}).items():
+            state = "retired" if b["retired"] else "live"
+            print(
+                f"{'':<12}   block {block:>4}: spent {b['spent']:.4g}, "
+                f"left {b['left']:.4g}, {state}"
+            )
     if args.plot:
         print(f"plot: {args.plot}")
     return 0

@@ -53,3 +53,21 @@ def test_budget_refuses_a_missing_or_empty_directory(
     (tmp_path / "empty").mkdir()
     assert main(["budget", str(tmp_path / "empty")]) == 2
     assert "no ledger stores" in capsys.readouterr().err
+
+
+def test_budget_shows_blocks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = LedgerStore(tmp_path / "owner-3.sqlite", "owner-3", RenyiFilter(1.0, 1e-5))
+    store.begin_run("r0")
+    cheap = MechanismEvent("gaussian", (("sigma", 20.0),), 1.0, label="refresh")
+    dear = MechanismEvent("gaussian", (("sigma", 2.0),), 1.0, label="refresh")
+    assert store.charge_blocks("a", "r0", [cheap], [0, 1]) == [0, 1]
+    assert store.charge_blocks("b", "r0", [dear], [1]) == []  # block 1 cannot pay: retired
+    store.close()
+    assert main(["budget", str(tmp_path / "owner-3.sqlite"), "--json"]) == 0
+    entry = json.loads(capsys.readouterr().out)["owners"]["owner-3"]
+    one = RenyiFilter(1.0, 1e-5).spent([cheap])
+    assert entry["blocks"]["0"] == {"spent": one, "left": 1.0 - one, "retired": False}
+    assert entry["blocks"]["1"]["retired"] and entry["spent"] == one
+    assert entry["mechanisms"] == {"refresh": 1} and entry["declined"] == 1
+    assert main(["budget", str(tmp_path / "owner-3.sqlite")]) == 0
+    assert "block    1: spent" in capsys.readouterr().out
