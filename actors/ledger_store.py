@@ -18,8 +18,9 @@ Guarantees (what a data-protection officer signs off):
 - **Serialised.** The check and the insert run in one ``BEGIN IMMEDIATE`` transaction, so two
   runs sharing an owner (two processes on one store) cannot both spend its last budget: the
   second waits for the first and sees its charge.
-- **Declines are recorded** (state ``declined``, nothing charged) so that the end-of-run
-  comparison with the curator's view can tell a decline from a missing charge.
+- **Declines are recorded** (state ``declined``, nothing charged), and so is a release that
+  reads none of a blocked owner's records (state ``unread``), so that the end-of-run
+  comparison with the curator's view can tell them from a missing charge.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ CREATE TABLE IF NOT EXISTS charges (
     run TEXT NOT NULL,
     label TEXT NOT NULL,
     event TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('charged', 'declined')),
+    state TEXT NOT NULL CHECK (state IN ('charged', 'declined', 'unread')),
     at REAL NOT NULL,
     spent_after REAL NOT NULL,
     UNIQUE (release, block)
@@ -167,6 +168,13 @@ class LedgerStore:
         retired, read, now = self.retired(), [], time.time()
         label = "; ".join(sorted({e.label for e in events}))
         body = json.dumps([e.to_dict() for e in events], sort_keys=True)
+        if not blocks:  # the release reads none of the owner's records: recorded, not charged
+            self._conn.execute(
+                "INSERT OR IGNORE INTO charges "
+                "(release, block, run, label, event, state, at, spent_after) "
+                "VALUES (?, -2, ?, ?, ?, 'unread', ?, 0.0)",
+                (release, run, label, body, now),
+            )
         for block in blocks:
             row = self._conn.execute(
                 "SELECT state FROM charges WHERE release = ? AND block = ?", (release, block)

@@ -157,7 +157,8 @@ class OwnerGate:
         if not self.blocked:
             return np.ones(n_records, dtype=np.bool_) if self.summary_admitted() else None
         new = [b for b in self._blocks(n_records) if b not in self._summary_blocks]
-        if new and self.gate.summary:
+        first, self._summary = self._summary is None, True
+        if (new or first) and self.gate.summary:  # first: recorded even if nothing is read
             release = f"{self.gate.run}:summary"
             read = self.store.charge_blocks(release, self.gate.run, self.gate.summary, new)
             self._summary_read.update(read)

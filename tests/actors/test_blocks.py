@@ -134,3 +134,20 @@ def test_a_store_without_blocks_is_unchanged_by_them(tmp_path: Path) -> None:
     assert store.charge("r", "run", event).admitted
     assert store.charge_blocks("r", "run", [event], [0, 1]) == [0, 1]  # blocks: own ledgers
     assert len(store.events()) == 1 and len(store.events(0)) == len(store.events(1)) == 1
+
+
+def test_a_release_reading_nothing_is_recorded_not_charged(tmp_path: Path) -> None:
+    """A refresh with no new records reads no block: nothing is charged, but the store records
+    the release ('unread'), so it covers the curator's (conservative) charge of it."""
+    from dpmarket.actors.budgets import reconcile
+    from dpmarket.protocol.privacy.ledger import PrivacyLedger
+
+    gate = _gate(tmp_path, 3.0, size=10)
+    live = gate.secure_round(_spec(1), "s", 20, start=20)
+    assert live is not None and not live.any()
+    [row] = gate.store.rows("run-1")
+    assert row["state"] == "unread" and gate.store.events(-2) == []
+    curator = PrivacyLedger("owner-0")
+    curator.gaussian(6.0, 1.0, label="scan refresh (secure sum)", neighbouring=ADD_REMOVE)
+    out = reconcile({"owner-0": curator.to_dict()}, {"owner-0": gate.view()})
+    assert out["errors"] == []

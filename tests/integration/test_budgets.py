@@ -94,3 +94,33 @@ def test_a_consumer_over_its_cap_is_refused_before_anything_runs(tmp_path: Path)
     assert sorted(p.name for p in (tmp_path / "stores").iterdir()) == ["consumer.sqlite"]
     rows = read_store(tmp_path / "stores" / "consumer.sqlite")["rows"]
     assert [r["state"] for r in rows] == ["charged", "declined"]
+
+
+def test_blocks_of_a_growing_stream_pay_only_for_what_reads_them(tmp_path: Path) -> None:
+    """configs/stream.toml with blocks of 100 records: the first blocks (complete before the
+    scan) pay normalise, scan and the summary plan but never a refresh, which reads only the
+    records added since; every block stays within the cap; the store covers the curator."""
+    text = (ROOT / "configs" / "stream.toml").read_text()
+    text = text.replace(
+        "[privacy]\n", '[privacy]\nledger_dir = "stores"\nowner_budget = 3.0\nblock_records = 100\n'
+    )
+    config = tmp_path / "stream.toml"
+    config.write_text(text)
+    extra = ["--set", "market.summary_size=16", "--set", "data.n_points=2000"]
+    extra += ["--set", "data.n_test=300", "--set", "run.deadline_seconds=2.0"]
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), *extra]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["budgets"]["errors"] == []
+    released = [r for r in report["secure_phases"]["refreshes"] if r["status"] == "released"]
+    for owner in ("owner-1", "owner-2", "owner-3", "owner-4"):
+        rows = read_store(tmp_path / "stores" / f"{owner}.sqlite")["rows"]
+        charged = [r for r in rows if r["state"] == "charged"]
+        assert {r["block"] for r in charged if r["label"] == "normalise (secure sum)"} >= {0, 1}
+        refresh = [r for r in charged if r["label"] == "scan refresh (secure sum)"]
+        assert 0 not in {r["block"] for r in refresh}  # complete before the scan: never re-read
+        assert len({r["release"] for r in refresh}) <= len(released) + 1  # + one lost at most
+        last = max(r["block"] for r in charged)
+        for release in {r["release"] for r in refresh}:  # a refresh reads the newest blocks
+            blocks = sorted(r["block"] for r in refresh if r["release"] == release)
+            assert blocks == list(range(blocks[0], last + 1))
+        assert report["budgets"]["owners"][owner]["spent"] <= 3.0
