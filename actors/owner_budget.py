@@ -35,7 +35,10 @@ by one record in one block (a record's block is its arrival position, public met
 when it arrives, as Sage's time windows; the owner's inputs are append-only and read in the
 same order by every run), a release that does not read a block does not depend on it, so
 that record's loss composes only the releases charged to its block, which its filter keeps
-within ``(epsilon, delta)``; the owner's ``spent`` is the largest block's.
+within ``(epsilon, delta)``; the owner's ``spent`` is the largest block's. With blocks an
+owner never declines: which blocks exist depends on its record count, so a decline (seen by
+the curator) would reveal that count; an owner whose blocks are all spent contributes no
+records to a secure sum (its share of the noise still goes in) and passes in the summary.
 """
 
 from __future__ import annotations
@@ -137,9 +140,9 @@ class OwnerGate:
             read = self.store.charge_blocks(
                 release, self.gate.run, [event], self._blocks(n_records, start)
             )
-            if not read and n_records > start:
-                self.declines.append(release)
-                raise BudgetDeclined(f"{self.owner}: round {spec.round}: every block is spent")
+            # never a decline: whether a block exists depends on the record count, so a
+            # decline would reveal it; with every block spent the owner contributes no records
+            # (its share of the noise still goes in)
             return self._mask(n_records, set(read))
         decision = self.store.charge(release, self.gate.run, event)
         if not decision.admitted:
@@ -166,8 +169,7 @@ class OwnerGate:
         elif new:
             self._summary_read.update(new)
         self._summary_blocks.update(new)
-        live = self._mask(n_records, self._summary_read)
-        return None if n_records and not live.any() else live
+        return self._mask(n_records, self._summary_read)  # none live: the owner passes
 
     def summary_admitted(self) -> bool:
         """Charge the summary phase's planned events once (before the first answer)."""

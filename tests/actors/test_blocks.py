@@ -17,7 +17,7 @@ import pytest
 
 from dpmarket.actors.budget_config import OwnerBudget
 from dpmarket.actors.ledger_store import LedgerStore, read_store
-from dpmarket.actors.owner_budget import BudgetDeclined, BudgetGate, OwnerGate, gated_contribute
+from dpmarket.actors.owner_budget import BudgetGate, OwnerGate, gated_contribute
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, MechanismEvent
 from dpmarket.protocol.securesum.spec import RoundSpec
@@ -61,13 +61,17 @@ def test_old_blocks_retire_new_blocks_arrive_with_full_budgets(tmp_path: Path) -
     assert gate.view()["spent"] <= store.filter.epsilon
 
 
-def test_every_block_spent_declines_and_a_replay_reads_the_same_blocks(tmp_path: Path) -> None:
+def test_every_block_spent_reads_nothing_and_a_replay_reads_the_same(tmp_path: Path) -> None:
+    """With blocks an owner never declines (a decline would reveal its record count): with
+    every block spent it reads no record, and a retired block stays retired."""
     gate = _gate(tmp_path, 0.5, size=4)
-    with pytest.raises(BudgetDeclined, match="every block is spent"):
-        gate.secure_round(_spec(1, sigma=1.0), "s", 8)
+    live = gate.secure_round(_spec(1, sigma=1.0), "s", 8)
+    assert live is not None and not live.any() and gate.declines == []
     assert read_store(tmp_path / "o.sqlite")["retired"] == [0, 1]
-    with pytest.raises(BudgetDeclined):  # retired for good, even for a cheap round
-        gate.secure_round(_spec(2, sigma=1e3), "s", 8)
+    live = gate.secure_round(_spec(2, sigma=1e3), "s", 8)  # retired for good, even if cheap
+    assert live is not None and not live.any()
+    summary = gate.summary_gate(8)
+    assert summary is not None and not summary.any()  # the owner passes: nothing to bid
     live = gate.secure_round(_spec(3, sigma=1e3), "s", 12)  # a new block arrives: it is read
     assert live is not None and list(np.flatnonzero(live)) == [8, 9, 10, 11]
     again = gate.secure_round(_spec(3, sigma=1e3), "s", 12)  # the same release: no new charge
