@@ -167,7 +167,16 @@ class MarketConfig:
         """The configuration as recorded in report.json (all of it is public)."""
         record = dataclasses.asdict(self)
         record["faults"] = dataclasses.asdict(self.faults)
+        for key in ("budgets", "consumer_budget"):  # caps are public, stores' paths are not
+            record[key] = _caps(record[key])
         return record
+
+
+def _caps(value: Any) -> Any:
+    """Budgets as report.json records them: without the stores' paths."""
+    if value is None or "ledger" in value:
+        return None if value is None else {k: v for k, v in value.items() if k != "ledger"}
+    return {name: _caps(b) for name, b in value.items()}
 
 
 def _int(path: str, key: str, value: object, minimum: int) -> int:
