@@ -14,6 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from dpmarket.actors import config_checks as checks
+from dpmarket.actors.budget_config import (
+    BUDGET_PRIVACY_KEYS,
+    OwnerBudget,
+    parse_budgets,
+    parse_consumer,
+)
 from dpmarket.actors.config_checks import ConfigError
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.spec import SHARE_MODES
@@ -59,7 +65,8 @@ _MARKET_SECTIONS = {
         "standardize",
         "refresh_every",
         "eps_refresh",
-    },
+    }
+    | BUDGET_PRIVACY_KEYS,
     "sketch": {"rows", "width", "bandwidth"},
     "summary": {f.name for f in dataclasses.fields(CuratorParams)}
     - {"p", "gamma", "h1_seed", "phase_timeout", "max_lost", "known_colluders", "center", "scale"},
@@ -102,6 +109,8 @@ class MarketConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)
     secure: dict[str, Any] = field(default_factory=dict)
     path: str = "<memory>"
+    budgets: dict[str, OwnerBudget] = field(default_factory=dict)  # actors/budget_config.py
+    consumer_budget: OwnerBudget | None = None  # the validation set's store and cap
 
     @property
     def noise(self) -> NoiseSource:
@@ -158,7 +167,16 @@ class MarketConfig:
         """The configuration as recorded in report.json (all of it is public)."""
         record = dataclasses.asdict(self)
         record["faults"] = dataclasses.asdict(self.faults)
+        for key in ("budgets", "consumer_budget"):  # caps are public, stores' paths are not
+            record[key] = _caps(record[key])
         return record
+
+
+def _caps(value: Any) -> Any:
+    """Budgets as report.json records them: without the stores' paths."""
+    if value is None or "ledger" in value:
+        return None if value is None else {k: v for k, v in value.items() if k != "ledger"}
+    return {name: _caps(b) for name, b in value.items()}
 
 
 def _int(path: str, key: str, value: object, minimum: int) -> int:
@@ -217,7 +235,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
     for item in sets or []:
         checks.apply_set(data, item)
-    check_keys(f"{name}: top level", data, set(_MARKET_SECTIONS))
+    check_keys(f"{name}: top level", data, set(_MARKET_SECTIONS) | {"owners", "consumer"})
     for section, allowed in _MARKET_SECTIONS.items():
         if not isinstance(data.get(section, {}), dict):
             raise ConfigError(f"{name}: [{section}]: expected a table, got {data[section]!r}")
@@ -284,6 +302,11 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         secure=_secure(name, data.get("privacy", {}), data.get("sketch", {})),
         path=name,
     )
+    budgets = parse_budgets(
+        name, data.get("privacy", {}), data.get("owners", {}), owners, config.delta
+    )
+    consumer = parse_consumer(name, data.get("privacy", {}), data.get("consumer", {}))
+    config = dataclasses.replace(config, budgets=budgets, consumer_budget=consumer)
     m = config.data.get("n_validation", 500)  # m is known at run time; any m checks the keys
     try:
         config.curator_params(gamma=1.0, m=m if isinstance(m, int) and m >= 1 else 500)

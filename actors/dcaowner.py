@@ -102,8 +102,10 @@ class OwnerSecureSum:
         spec: RoundSpec,
         what: str,
         options: dict[str, Any],
+        live: npt.NDArray[np.bool_] | None = None,
     ) -> list[Message]:
-        """This owner's contribution to a secure-sum round (see ``OwnerActor.dca_contribute``).
+        """This owner's contribution to a secure-sum round (see ``OwnerActor.dca_contribute``);
+        ``live`` masks out records of retired blocks (actors/owner_budget.py).
 
         Refused (``ValueError`` naming the label and the violated bound; nothing is computed or
         sent) unless the operator's plan admits ``spec``, ``what`` and ``options`` and the
@@ -113,7 +115,7 @@ class OwnerSecureSum:
         if self.client is None:
             raise RuntimeError(f"{self.name}: dca_contribute before dca_setup")
         self.allowance.take(spec, what, options)
-        row = contribution(records, spec, what, options, self.name, self.sketched)
+        row = contribution(records, spec, what, options, self.name, self.sketched, live)
         return self.client.contribute(spec, row[None, :], self.rng)
 
 
@@ -124,12 +126,17 @@ def contribution(
     options: dict[str, Any],
     owner: str,
     sketched: dict[int, int],
+    live: npt.NDArray[np.bool_] | None = None,
 ) -> npt.NDArray[np.float64]:
     """The vector an owner adds to a round: ``moments`` (clipped sums, sums of squares, count),
     ``sketch`` (RACE counters of every record) or ``sketch_delta`` (counters of the records
     added since the round ``options['base_rounds'][owner]``; ``sketched`` records per round how
-    many records a contribution covered)."""
+    many records a contribution covered). Records where ``live`` is False (retired blocks) are
+    never read; ``sketched`` counts positions in ``X``, so deltas stay disjoint."""
+    if live is not None and live.shape != (len(X),):
+        raise ValueError(f"live: expected shape ({len(X)},), got {live.shape}")
     if what == "moments":
+        X = X if live is None else X[live]
         b = float(options["bound"])
         Xc = np.clip(X, -b, b)
         return np.concatenate([Xc.sum(axis=0), (Xc**2).sum(axis=0), [float(len(Xc))]])
@@ -140,7 +147,7 @@ def contribution(
         base = options.get("base_rounds", {}).get(owner)
         start = sketched.get(base, 0) if base is not None else 0
     sketched[spec.round] = len(X)
-    X = X[start:]
+    X = X[start:] if live is None else X[start:][live[start:]]
     sketch = RaceSketch(
         make_family(
             options["family"],

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dpmarket.actors.budgets import budget_report, consumer_refusal, ledger_run_id, owner_gates
 from dpmarket.actors.cluster import connect
 from dpmarket.actors.config import ConfigError, FaultConfig, MarketConfig, load_market_config
 from dpmarket.actors.curator import pool_file, read_pool_rows
@@ -125,6 +126,7 @@ def _drive(
     journal: Path,
     snapshot: Any,
     attempt_dir: Path,
+    ledger_run: str = "",
 ) -> Any:
     """Spawn the actors, ingest, run the curator, kill and resume it if the config says so."""
     import ray
@@ -133,6 +135,8 @@ def _drive(
     plan = FaultPlan(kill_at=dict(faults.kill), delay=dict(faults.slow))
     # the secure-sum session, node keys and round plan exist before any owner actor does
     prep = prepare_secure(config, inputs.owners, inputs.gamma, run_plan.params, snapshot)
+    if (declined := consumer_refusal(config, run_plan.params, ledger_run)) is not None:
+        return declined  # the consumer's cap (actors/budgets.py): before any actor exists
     market = spawn_market(
         inputs.owners,
         run_plan.params,
@@ -143,6 +147,7 @@ def _drive(
         snapshot,
         owners_per_actor=config.owners_per_actor,
         dca=prep.trust if prep is not None else None,
+        budgets=owner_gates(config, run_plan.params, ledger_run),
     )
     try:
         if inputs.files is not None and inputs.schema is not None:
@@ -175,6 +180,9 @@ def _drive(
             o: st | {"ingested": ing["records"], "rejected_records": ing["rejected"]}
             for o, st, ing in zip(alive, statuses, ingest, strict=True)
         }
+        payload["budgets"] = budget_report(
+            config, ledger_run, market.owners, list(alive), payload["ledgers"]
+        )
         return payload
     finally:
         if inputs.writer is not None:
@@ -284,6 +292,7 @@ def run_market(
         pool_file(journal_dir / "journal.json").unlink(missing_ok=True)
         shutil.copyfile(config.path, journal_dir / "config.toml")
         (journal_dir / "config_path").write_text(str(Path(config.path).resolve()))
+    ledger_run = ledger_run_id(journal_dir, snapshot is None, config)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     ray_info = connect(address)
@@ -291,7 +300,9 @@ def run_market(
         connected(ray_info)
     timings["start"] = time.perf_counter() - start
     tick = time.perf_counter()
-    payload = _drive(config, inputs, run_plan, journal_dir / "journal.json", snapshot, attempt_dir)
+    payload = _drive(
+        config, inputs, run_plan, journal_dir / "journal.json", snapshot, attempt_dir, ledger_run
+    )
     timings["ingest_and_summarise"] = time.perf_counter() - tick
     if payload["state"] == "refused":
         after = (

@@ -24,6 +24,7 @@ import numpy.typing as npt
 import ray
 
 from dpmarket.actors.dcaowner import OperatorTrust, OwnerSecureSum
+from dpmarket.actors.owner_budget import BudgetGate, OwnerGate, gated_contribute
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.client import NodeKeyMismatch
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
@@ -67,6 +68,7 @@ class _Hosted:
     reader_errors: list[str] = field(default_factory=list)
     rejected: int = 0
     dca: OwnerSecureSum | None = None  # its secure-sum side, under the operator's trust
+    gate: OwnerGate | None = None  # its durable ledger and cap (actors/owner_budget.py)
 
 
 OwnerData = tuple[npt.NDArray[np.float64] | int, npt.NDArray[np.float64] | None]
@@ -90,9 +92,12 @@ class OwnerActor:
         noise: NoiseSource,
         delays: dict[str, float] | None = None,
         dca: OperatorTrust | None = None,
+        budgets: dict[str, BudgetGate] | None = None,
     ) -> None:
         """``dca``: the operator's trust anchors for the secure sum (actors/dcaowner.py), given
-        here and nowhere else; without them the owner takes no part in a secure sum."""
+        here and nowhere else; without them the owner takes no part in a secure sum.
+        ``budgets``: per owner, its store, cap and the summary phase's planned charge
+        (actors/owner_budget.py): such an owner charges its own ledger before contributing."""
         if not owners:
             raise ValueError("owners: an owner actor hosts at least one owner")
         delays = delays or {}
@@ -104,6 +109,8 @@ class OwnerActor:
             hosted = _Hosted(Owner(name, run, X0, y), ReplayGuard(), delays.get(name, 0.0))
             if dca is not None:  # noise keyed in this process (OS entropy unless simulated)
                 hosted.dca = OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))
+            if budgets and name in budgets:  # opens (or creates) the owner's own store
+                hosted.gate = OwnerGate(name, budgets[name])
             self._hosted[name] = hosted
 
     def _owner(self, name: str) -> _Hosted:
@@ -120,6 +127,11 @@ class OwnerActor:
             await asyncio.sleep(delay)
         out: list[bytes] = []
         for h, frames in zip(hosted, batches.values(), strict=True):
+            if h.gate is not None:  # its cap (actors/owner_budget.py): charged before replies
+                live = h.gate.summary_gate(h.party.n_records)
+                if live is None:
+                    continue  # declined: silent, so the curator counts it lost (T)
+                h.party.retire(~live)  # records of blocks that cannot pay are never bid
             replies, errors = handle_frames(h.party, h.guard, frames)
             h.errors.extend(errors)
             out.extend(replies)
@@ -231,8 +243,14 @@ class OwnerActor:
         admits the round (actors/dcaowner.py).
         """
         hosted = self._owner(owner)
-        frames = _dca_of(hosted, owner).contribute(hosted.party.records(), spec, what, options)
+        dca = _dca_of(hosted, owner)  # charged durably before any frame leaves (or declined)
+        frames = gated_contribute(dca, hosted.gate, hosted.party.records(), spec, what, options)
         return [encode(m) for m in frames]
+
+    async def budget_view(self, owner: str) -> dict[str, Any] | None:
+        """The owner's decisions in this run and its store's totals (None: no store)."""
+        gate = self._owner(owner).gate
+        return None if gate is None else gate.view()
 
     async def add_records(
         self, owner: str, X: npt.NDArray[np.float64], y: npt.NDArray[np.float64] | None = None

@@ -48,6 +48,8 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
   ``reason``, e.g. a DP count below 3 sigma), the compute nodes, T, the share
   scheme, absent owners and errors. Any key of a round outside :data:`PUBLIC_SECURE` goes to
   the consumer's report.
+- ``budgets``: null, or per owner with a persistent store its spent, cap, delta and whether the
+  store covers the curator's view of the run (``errors``: every mismatch; actors/budgets.py).
 
 Consumer's ``report.private.json`` (schema 2):
 
@@ -130,6 +132,7 @@ PUBLIC_FIELDS: dict[str, str] = {
     "faults": "lost, dropped and colluding parties, late frames, rejects, T used",
     "timings": "wall clock of the run's phases, observed by every owner",
     "secure_phases": "the secure sums' DP releases and noise (PUBLIC_SECURE)",
+    "budgets": "owners' persistent stores against the curator's view (actors/budgets.py)",
 }
 CONSUMER_FIELDS: dict[str, str] = {
     "schema": "the format version",
@@ -334,6 +337,7 @@ def public_report(
         },
         "timings": {k: v for k, v in timings.items() if k in PUBLIC_TIMINGS},
         "secure_phases": public_secure,
+        "budgets": payload.get("budgets"),  # null without persistent owner budgets
     }
     return _checked(report, PUBLIC_FIELDS, PUBLIC_REPORT)
 

@@ -136,11 +136,13 @@ def spawn_market(
     placement: dict[str, dict[str, float]] | None = None,
     owners_per_actor: int = 1,
     dca: OperatorTrust | None = None,
+    budgets: dict[str, Any] | None = None,
 ) -> RayMarket:
     """Spawn one owner actor per owner and the curator actor (Ray must be connected).
 
     ``dca`` is the operator's secure-sum trust anchors (actors/dcaowner.py): every owner actor
-    gets them at construction, the only way they reach an owner.
+    gets them at construction, the only way they reach an owner; so are ``budgets`` (per owner
+    a ``BudgetGate``, actors/owner_budget.py: its store, cap and planned summary charge).
 
     The curator is pinned to this (the driver's) node so its journal lands where the driver can
     read it; ``placement`` maps an owner to Ray custom resources that pin it to nodes. Slow
@@ -159,7 +161,14 @@ def spawn_market(
         role = group[0] if len(group) == 1 else "owners-" + "-".join(_number(n) for n in group)
         handle = OwnerActor.options(  # type: ignore[attr-defined]
             resources=placement.get(group[0], {}), **actor_options(run_id, role)
-        ).remote(run_id, {name: inputs.owners[name] for name in group}, noise, faults.delay, dca)
+        ).remote(
+            run_id,
+            {name: inputs.owners[name] for name in group},
+            noise,
+            faults.delay,
+            dca,
+            {n: b for n, b in (budgets or {}).items() if n in group},
+        )
         owners.update(dict.fromkeys(group, handle))
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 

@@ -106,6 +106,7 @@ class Owner:
         self._g_validation: F64 | None = None
         self._bids: dict[int, float] = {}  # token -> bid of the current epoch
         self._deliveries = np.zeros(len(X_arr), dtype=np.int64)  # per token
+        self._retired = np.zeros(len(X_arr), dtype=np.bool_)  # per record, in arrival order
         self.epochs_seen = 0
         self.asks = 0
         self._table: dict[tuple[str, str], Handler] = {
@@ -138,6 +139,22 @@ class Owner:
         if y_arr.shape != (len(X_arr),) or not np.isfinite(X_arr).all():
             raise ValueError("records must be finite and labels must match the records")
         self._pending.append((X_arr, y_arr))
+
+    def retire(self, mask: npt.ArrayLike) -> None:
+        """Never bid or deliver the records where ``mask`` is True (arrival order, pending
+        ones included): their block's privacy budget is spent. Retirement is permanent."""
+        m = np.asarray(mask, dtype=np.bool_)
+        if m.shape != (self.n_records,):
+            raise ValueError(f"mask: expected shape ({self.n_records},), got {m.shape}")
+        old = np.zeros(self.n_records, dtype=np.bool_)
+        old[: len(self._retired)] = self._retired
+        self._retired = old | m
+
+    def _retired_tokens(self) -> npt.NDArray[np.bool_]:
+        out = np.zeros(len(self._store.X), dtype=np.bool_)
+        k = min(len(out), len(self._retired))
+        out[:k] = self._retired[:k]
+        return out
 
     def receive(self, msg: Message) -> list[Message]:
         return dispatch(self.name, self.run, self.state, self._table, msg)
@@ -192,7 +209,7 @@ class Owner:
         store = self._store
         assert store.HT is not None and self._g_validation is not None
         assert self._setup is not None
-        biddable = self._deliveries < self._setup.max_deliveries
+        biddable = (self._deliveries < self._setup.max_deliveries) & ~self._retired_tokens()
         if not biddable.any():
             self._bids = {}
             return [self._out.make(msg.sender, msg.round, PassBody("no records left to bid"))]
@@ -212,6 +229,8 @@ class Owner:
         body = body_of(msg, AskBody)
         if body.token not in self._bids:
             raise RemoteProtocolError(f"summary.ask.token: {body.token} was not bid this epoch")
+        if self._retired_tokens()[body.token]:
+            raise RemoteProtocolError(f"summary.ask.token: {body.token} is retired")
         self.asks += 1
         store, token = self._store, body.token
         self._deliveries[token] += 1

@@ -31,6 +31,7 @@ __all__ = [
     "owners_check",
     "owners_total",
     "planned_owner_ledger",
+    "planned_validation_ledger",
     "scan_check",
     "scan_sigma",
     "standardisation_verdict",
@@ -81,6 +82,21 @@ class ReleaseCheck:
         return self.gate and snr is not None and snr < 1.0
 
 
+def planned_validation_ledger(params: CuratorParams) -> PrivacyLedger:
+    """Every event the validation set's ledger is charged under ``params``: the one release
+    g_tilde (Gaussian on the clipped sum, or MWEM's exponential and Laplace steps)."""
+    ledger = PrivacyLedger("validation")
+    s = params.sensitivity
+    if params.validation_release == "gaussian":
+        delta_l2 = params.clip_norm * s
+        ledger.gaussian(params.validation_sigma * delta_l2, delta_l2)
+    else:
+        eps, rounds = params.eps_validation, params.validation_iterations
+        ledger.exponential(eps, s, count=rounds)
+        ledger.laplace(1.0 / eps, s, count=rounds)
+    return ledger
+
+
 def validation_check(params: CuratorParams, m: int, delta: float) -> ReleaseCheck:
     """The validation release g_tilde (protocol/summary/releases.py ``release_validation``).
 
@@ -90,18 +106,13 @@ def validation_check(params: CuratorParams, m: int, delta: float) -> ReleaseChec
     """
     if m < 1:
         raise ValueError(f"m must be >= 1, got {m}")
-    ledger = PrivacyLedger("validation")
-    s = params.sensitivity
+    ledger = planned_validation_ledger(params)
     if params.validation_release == "gaussian":
-        delta_l2 = params.clip_norm * s
-        sigma = params.validation_sigma * delta_l2
-        ledger.gaussian(sigma, delta_l2)
+        sigma = params.validation_sigma * params.clip_norm * params.sensitivity
         noise: float | None = sigma * math.sqrt(params.d) / m
         what = f"||mean h1|| ~ {VALIDATION_SIGNAL:.2f} vs noise norm sigma sqrt(d)/m (m = {m})"
     else:
-        eps, rounds = params.eps_validation, params.validation_iterations
-        ledger.exponential(eps, s, count=rounds)
-        ledger.laplace(1.0 / eps, s, count=rounds)
+        rounds = params.validation_iterations
         noise, what = None, f"MWEM, {rounds} iterations (m = {m})"
     signal = VALIDATION_SIGNAL if noise is not None else None
     epsilon = ledger.epsilon(delta)

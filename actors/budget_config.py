@@ -1,0 +1,187 @@
+"""Owners' persistent budgets in a market config: where each store lives and each owner's cap.
+
+Keys (all optional; without a store for any owner a run has no persistent budgets):
+
+- ``[privacy].ledger_dir``: where owners' stores live when an owner names none
+  (``DIR/NAME.sqlite``); a simulated market puts every owner's store there.
+- ``[privacy].owner_budget``: the market-wide cap, epsilon at ``[privacy].delta``.
+- ``[owners.NAME].budget = {epsilon = E, delta = D}``: that owner's own cap.
+- ``[owners.NAME].ledger = "PATH"``: that owner's store (on its own node).
+- ``[privacy].block_records = N``: owners' records are grouped by arrival into blocks of N,
+  each with the owner's cap as its own budget (actors/owner_budget.py, "Blocks").
+- ``[consumer].budget = {epsilon = E, delta = D}``: the cap of the consumer's validation set
+  across purchases, in ``[consumer].ledger`` (default ``[privacy].ledger_dir``/consumer.sqlite).
+
+Relative paths are taken from the config file's folder. Every owner with a store needs a cap
+(its own or the market-wide one) and every owner with a cap a store; anything else is refused
+with the key named, before anything is spent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpmarket.actors.config_checks import ConfigError
+
+__all__ = ["BUDGET_PRIVACY_KEYS", "OwnerBudget", "parse_budgets", "parse_consumer"]
+
+BUDGET_PRIVACY_KEYS = frozenset({"ledger_dir", "owner_budget", "block_records"})
+_OWNER_KEYS = {"budget", "ledger"}
+
+
+@dataclass(frozen=True)
+class OwnerBudget:
+    """One owner's store (an absolute path) and cap (epsilon at delta)."""
+
+    ledger: str
+    epsilon: float
+    delta: float
+    block_records: int = 0  # > 0: blocks of this many records (arrival order), own budgets
+
+
+def _epsilon(path: str, key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{path}: {key}: expected a number > 0, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{path}: {key}: expected a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _delta(path: str, key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise ConfigError(f"{path}: {key}: expected a number in (0, 1), got {value!r}")
+    return float(value)
+
+
+def _path(base: Path, path: str, key: str, value: object) -> Path:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{path}: {key}: expected a path, got {value!r}")
+    p = Path(value)
+    return p if p.is_absolute() else (base / p).resolve()
+
+
+def parse_budgets(
+    path: str, privacy: dict[str, Any], owners_table: object, owners: tuple[str, ...], delta: float
+) -> dict[str, OwnerBudget]:
+    """The owners' budgets of a config (empty: no persistent budgets); ConfigError by key."""
+    base = Path(path).parent
+    if not isinstance(owners_table, dict):
+        raise ConfigError(f"{path}: [owners]: expected tables [owners.NAME]")
+    unknown = sorted(set(owners_table) - set(owners))
+    if unknown:
+        raise ConfigError(f"{path}: [owners]: unknown owners {unknown}; owners are {list(owners)}")
+    ledger_dir = privacy.get("ledger_dir")
+    directory = (
+        None if ledger_dir is None else _path(base, path, "[privacy].ledger_dir", ledger_dir)
+    )
+    default_cap = privacy.get("owner_budget")
+    market_cap = (
+        None
+        if default_cap is None
+        else (_epsilon(path, "[privacy].owner_budget", default_cap), delta)
+    )
+    blocks = privacy.get("block_records", 0)
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 0:
+        raise ConfigError(f"{path}: [privacy].block_records: expected an integer >= 0")
+    out: dict[str, OwnerBudget] = {}
+    for name in owners:
+        table = owners_table.get(name, {})
+        key = f"[owners.{name}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: {key}: expected a table with {sorted(_OWNER_KEYS)}")
+        extra = sorted(set(table) - _OWNER_KEYS)
+        if extra:
+            raise ConfigError(f"{path}: {key}: unknown keys {extra}; allowed {sorted(_OWNER_KEYS)}")
+        cap = market_cap
+        if "budget" in table:
+            budget = table["budget"]
+            if not isinstance(budget, dict) or set(budget) != {"epsilon", "delta"}:
+                raise ConfigError(
+                    f"{path}: {key}.budget: expected {{epsilon = E, delta = D}}, got {budget!r}"
+                )
+            cap = (
+                _epsilon(path, f"{key}.budget.epsilon", budget["epsilon"]),
+                _delta(path, f"{key}.budget.delta", budget["delta"]),
+            )
+        store: Path | None = None
+        if "ledger" in table:
+            store = _path(base, path, f"{key}.ledger", table["ledger"])
+        elif directory is not None:
+            store = directory / f"{name}.sqlite"
+        if store is None and cap is None:
+            continue
+        if store is None:
+            raise ConfigError(
+                f"{path}: {key}: a budget needs a store: set [privacy].ledger_dir or {key}.ledger"
+            )
+        if cap is None:
+            raise ConfigError(
+                f"{path}: {key}: a store needs a cap: set [privacy].owner_budget or {key}.budget"
+            )
+        out[name] = OwnerBudget(str(store), cap[0], cap[1], blocks)
+    if blocks and not out:
+        raise ConfigError(f"{path}: [privacy].block_records: blocks need owners' stores and caps")
+    stores = [b.ledger for b in out.values()]
+    if len(set(stores)) != len(stores):
+        raise ConfigError(f"{path}: [owners]: two owners share one ledger store")
+    for name, budget in out.items():  # a store on this machine is checked now, before a run
+        _check_existing(path, name, Path(budget.ledger))
+    return out
+
+
+def _key(owner: str) -> str:
+    return "[consumer]" if owner == "consumer" else f"[owners.{owner}]"
+
+
+def _check_existing(path: str, owner: str, store: Path) -> None:
+    """An existing local store must be a ledger store of ``owner`` (one on another node is
+    checked by the owner's actor when it opens it)."""
+    from dpmarket.actors.ledger_store import StoreError, read_store
+
+    if not store.exists():
+        return
+    try:
+        found = read_store(store)["owner"]
+    except StoreError as exc:
+        raise ConfigError(f"{path}: {_key(owner)}: {exc}") from None
+    if found != owner:
+        raise ConfigError(
+            f"{path}: {_key(owner)}: {store} is the ledger store of {found!r}, not {owner!r}"
+        )
+
+
+def parse_consumer(path: str, privacy: dict[str, Any], table: object) -> OwnerBudget | None:
+    """The consumer's store and cap (``[consumer]``), or None; ConfigError by key."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [consumer]: expected a table with {sorted(_OWNER_KEYS)}")
+    extra = sorted(set(table) - _OWNER_KEYS)
+    if extra:
+        raise ConfigError(
+            f"{path}: [consumer]: unknown keys {extra}; allowed {sorted(_OWNER_KEYS)}"
+        )
+    if not table:
+        return None
+    budget = table.get("budget")
+    if not isinstance(budget, dict) or set(budget) != {"epsilon", "delta"}:
+        raise ConfigError(
+            f"{path}: [consumer].budget: expected {{epsilon = E, delta = D}}, got {budget!r}"
+        )
+    base = Path(path).parent
+    if "ledger" in table:
+        store = _path(base, path, "[consumer].ledger", table["ledger"])
+    elif privacy.get("ledger_dir") is not None:
+        store = _path(base, path, "[privacy].ledger_dir", privacy["ledger_dir"]) / "consumer.sqlite"
+    else:
+        raise ConfigError(
+            f"{path}: [consumer]: a budget needs a store: set [consumer].ledger or "
+            "[privacy].ledger_dir"
+        )
+    _check_existing(path, "consumer", store)
+    return OwnerBudget(
+        str(store),
+        _epsilon(path, "[consumer].budget.epsilon", budget["epsilon"]),
+        _delta(path, "[consumer].budget.delta", budget["delta"]),
+    )
