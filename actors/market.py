@@ -41,6 +41,7 @@ from dpmarket.actors.randomness import public_generator
 from dpmarket.actors.report import CONSUMER_REPORT, mmd2_by_prefix, write_outputs
 from dpmarket.actors.runner import OwnerInputs, RayMarket, spawn_market
 from dpmarket.actors.scenarios import digits_split
+from dpmarket.actors.survivors import owner_reports
 from dpmarket.actors.validate import check_inputs, resolve_out
 from dpmarket.protocol.summary.objective import mmd2
 from dpmarket.streams.records.files import Schema
@@ -169,12 +170,10 @@ def _drive(
         }
         payload["fault_verdicts"] = fault_verdicts(config.faults, payload, config.tolerance)
         alive = {o: h for o, h in market.owners.items() if o not in payload["transport"]["dead"]}
-        statuses = ray.get([h.status.remote(o) for o, h in alive.items()])
-        ingest = ray.get([h.ingest_status.remote(o) for o, h in alive.items()])
-        payload["owners"] = {
-            o: st | {"ingested": ing["records"], "rejected_records": ing["rejected"]}
-            for o, st, ing in zip(alive, statuses, ingest, strict=True)
-        }
+        # a node may be gone by now: unreachable owners are reported, never a crash (exit 3 stays 3)
+        payload["owners"], unreachable = owner_reports(alive)
+        for owner, error in unreachable.items():
+            print(f"dpmarket: {owner} did not answer after the summary ({error})", file=sys.stderr)
         return payload
     finally:
         if inputs.writer is not None:
