@@ -15,6 +15,7 @@ from typing import Any
 
 from dpmarket.actors import config_checks as checks
 from dpmarket.actors.config_checks import ConfigError
+from dpmarket.actors.placement import Placement, parse_placements
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.spec import SHARE_MODES
 from dpmarket.protocol.summary.curator import CuratorParams
@@ -102,6 +103,7 @@ class MarketConfig:
     faults: FaultConfig = field(default_factory=FaultConfig)
     secure: dict[str, Any] = field(default_factory=dict)
     path: str = "<memory>"
+    placement: dict[str, Placement] = field(default_factory=dict)  # [owners.NAME] (placement.py)
 
     @property
     def noise(self) -> NoiseSource:
@@ -217,7 +219,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
     for item in sets or []:
         checks.apply_set(data, item)
-    check_keys(f"{name}: top level", data, set(_MARKET_SECTIONS))
+    check_keys(f"{name}: top level", data, set(_MARKET_SECTIONS) | {"owners"})
     for section, allowed in _MARKET_SECTIONS.items():
         if not isinstance(data.get(section, {}), dict):
             raise ConfigError(f"{name}: [{section}]: expected a table, got {data[section]!r}")
@@ -283,6 +285,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         faults=_faults(name, data.get("faults", {}), owners),
         secure=_secure(name, data.get("privacy", {}), data.get("sketch", {})),
         path=name,
+        placement=parse_placements(name, data.get("owners", {}), owners),
     )
     m = config.data.get("n_validation", 500)  # m is known at run time; any m checks the keys
     try:

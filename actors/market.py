@@ -36,6 +36,7 @@ from dpmarket.actors.phases import (
     secure_phases,
     standardize,
 )
+from dpmarket.actors.placement import preflight_owners, require_placeable
 from dpmarket.actors.preflight import RunPlan, plan_run
 from dpmarket.actors.randomness import public_generator
 from dpmarket.actors.report import CONSUMER_REPORT, mmd2_by_prefix, write_outputs
@@ -134,6 +135,7 @@ def _drive(
     plan = FaultPlan(kill_at=dict(faults.kill), delay=dict(faults.slow))
     # the secure-sum session, node keys and round plan exist before any owner actor does
     prep = prepare_secure(config, inputs.owners, inputs.gamma, run_plan.params, snapshot)
+    require_placeable(config.placement)  # refused now, not an actor never placed
     market = spawn_market(
         inputs.owners,
         run_plan.params,
@@ -142,10 +144,12 @@ def _drive(
         config.name,
         str(journal),
         snapshot,
+        placement=config.placement,
         owners_per_actor=config.owners_per_actor,
         dca=prep.trust if prep is not None else None,
     )
-    try:
+    try:  # every owner's files readable on its own node before any secure sum, or exit 2
+        preflight_owners(market.owners, inputs.files or {}, config.placement)
         if inputs.files is not None and inputs.schema is not None:
             ray.get(
                 [
