@@ -150,6 +150,7 @@ def _drive(
     )
     try:  # every owner's files readable on its own node before any secure sum, or exit 2
         preflight_owners(market.owners, inputs.files or {}, config.placement)
+        preflight_owners({"curator": market.curator}, {}, {})  # its dpmarket is the driver's
         if inputs.files is not None and inputs.schema is not None:
             ray.get(
                 [

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpmarket.actors.config_checks import ConfigError
+from dpmarket.actors.shipping import code_identity, require_same_code
 
 __all__ = [
     "Placement",
@@ -151,8 +152,9 @@ def _fits(placement: Placement, node: dict[str, Any]) -> bool:
 
 
 def node_report(paths: list[str]) -> dict[str, Any]:
-    """Run inside an owner actor: this node's Ray id and IP and, per input path, why it cannot
-    be read here (missing, not a file, permission denied); readable paths are not listed."""
+    """Run inside an actor: this node's Ray id and IP, the actor's dpmarket (version and
+    fingerprint, actors/shipping.py) and, per input path, why it cannot be read here (missing,
+    not a file, permission denied); readable paths are not listed."""
     import ray
 
     problems: dict[str, str] = {}
@@ -166,6 +168,7 @@ def node_report(paths: list[str]) -> dict[str, Any]:
         "node_id": ray.get_runtime_context().get_node_id(),
         "ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
         "problems": problems,
+        "code": code_identity(),
     }
 
 
@@ -175,9 +178,10 @@ def preflight_owners(
     placements: dict[str, Placement],
     timeout: float = PREFLIGHT_TIMEOUT,
 ) -> dict[str, dict[str, Any]]:
-    """Ask every owner actor on its node (all at once) whether its files can be read there;
-    return each owner's node report. Raises :class:`ConfigError` naming the owner, its node and
-    the path for the first unreadable file, or the owners whose actor did not start in time."""
+    """Ask every actor in ``owners`` (all at once) on its node whether its files can be read
+    there and which dpmarket it runs; return each one's node report. Raises
+    :class:`ConfigError` naming the owner, its node and the path for the first unreadable file,
+    an actor whose dpmarket differs from the driver's, or one that did not start in time."""
     import ray
 
     from dpmarket.actors.survivors import UNREACHABLE_ERRORS
@@ -193,6 +197,7 @@ def preflight_owners(
                 f"preflight: {owner} (placed {where}) did not start within {timeout:.0f} s "
                 f"({type(exc).__name__})"
             ) from None
+    require_same_code(reports)  # every owner runs the driver's dpmarket, or refused by name
     for owner, report in reports.items():
         for path, why in report["problems"].items():
             raise ConfigError(

@@ -38,7 +38,7 @@ def two_sites() -> Iterator[dict[str, str]]:
     )
     cluster.add_node(num_cpus=1, resources={"site_b": 10})
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
+    connect(cluster.address)  # a cluster address: the driver's code is shipped (py_modules)
     sites = {
         site: n["NodeID"]
         for n in ray.nodes()
@@ -145,3 +145,32 @@ def test_a_placed_files_market_runs_and_a_missing_file_on_its_node_exits_2(
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
     assert "owner-3" in err and "owner-3.csv" in err and two_sites["site_b"] in err
+
+
+def test_actors_run_the_shipped_code_and_a_different_one_is_refused_by_name(
+    two_sites: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dpmarket.actors import shipping
+
+    scenario = small_scenario(8, n_points=200)
+    market = spawn_market(
+        scenario, small_params(scenario), NoiseSource.reproducible(1), run_id="shipped",
+        placement={"owner-2": SITE_B},
+    )  # fmt: skip
+    try:
+        reports = preflight_owners(market.owners, {}, {"owner-2": SITE_B})
+        mine = shipping.code_identity()
+        for report in reports.values():  # the driver's code, imported from the shipped package
+            assert report["code"]["fingerprint"] == mine["fingerprint"]
+            assert report["code"]["path"] != mine["path"]
+            assert report["code"]["path"].endswith("dpmarket")
+        # the driver edited after the actors started: their code is no longer the driver's
+        edited = mine | {"fingerprint": "0123456789abcdef"}
+        monkeypatch.setattr(shipping, "code_identity", lambda: edited)
+        with pytest.raises(ConfigError) as info:
+            preflight_owners({"owner-2": market.owners["owner-2"]}, {}, {})
+    finally:
+        market.kill_all()
+    message = str(info.value)
+    assert message.startswith("owner-2 on node " + two_sites["site_b"])
+    assert "refused" in message and mine["fingerprint"] in message and "0123456789abcdef" in message
