@@ -53,9 +53,14 @@ def two_sites() -> Iterator[dict[str, str]]:
 
 
 def _actor_nodes(run: str) -> dict[str, str]:
+    import ray
     from ray.util.state import list_actors
 
-    actors = list_actors(filters=[("ray_namespace", "=", f"dpmarket-{run}")], limit=100)
+    actors = list_actors(
+        address=ray.get_runtime_context().gcs_address,
+        filters=[("ray_namespace", "=", f"dpmarket-{run}")],
+        limit=100,
+    )
     return {a.name.split(":")[-1]: a.node_id for a in actors if a.state == "ALIVE"}
 
 
