@@ -224,5 +224,6 @@ def follow_ingest(
             print(file=sys.stderr)
             return status
         if clock() - start > timeout:
-            raise ConfigError(f"ingest did not catch up within {timeout} s")
+            behind = sorted(o for o, s in status.items() if not s["caught_up"])
+            raise ConfigError(f"ingest did not catch up within {timeout} s: {', '.join(behind)}")
         pause(0.1)
