@@ -181,7 +181,9 @@ def preflight_owners(
     """Ask every actor in ``owners`` (all at once) on its node whether its files can be read
     there and which dpmarket it runs; return each one's node report. Raises
     :class:`ConfigError` naming the owner, its node and the path for the first unreadable file,
-    an actor whose dpmarket differs from the driver's, or one that did not start in time."""
+    an actor whose dpmarket differs from the driver's, or one that did not start in time. An
+    actor that died before answering is left out: a lost party, which the run's T-tolerance
+    counts like any other."""
     import ray
 
     from dpmarket.actors.survivors import UNREACHABLE_ERRORS
@@ -189,14 +191,20 @@ def preflight_owners(
     refs = {o: h.where.remote(files.get(o, [])) for o, h in owners.items()}
     deadline, reports = time.monotonic() + timeout, {}
     for owner, ref in refs.items():
+        where = placements.get(owner, Placement()).describe()
         try:
             reports[owner] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
-        except UNREACHABLE_ERRORS as exc:
-            where = placements.get(owner, Placement()).describe()
+        except ray.exceptions.GetTimeoutError:
             raise ConfigError(
-                f"preflight: {owner} (placed {where}) did not start within {timeout:.0f} s "
-                f"({type(exc).__name__})"
+                f"preflight: {owner} (placed {where}) did not start within {timeout:.0f} s"
             ) from None
+        except ray.exceptions.RuntimeEnvSetupError as exc:
+            raise ConfigError(
+                f"preflight: {owner} (placed {where}): Ray could not set up its runtime "
+                f"environment (the shipped code) on its node: {str(exc)[-500:]}"
+            ) from None
+        except UNREACHABLE_ERRORS:
+            continue  # died (or its node did): a lost party, counted against T by the run
     require_same_code(reports)  # every owner runs the driver's dpmarket, or refused by name
     for owner, report in reports.items():
         for path, why in report["problems"].items():

@@ -106,7 +106,9 @@ def test_preflight_names_the_owner_its_node_and_the_path(
     assert "owner-1" not in message  # its file is readable where it runs
 
 
-def test_a_killed_owner_is_left_out_of_the_status_not_a_crash(two_sites: dict[str, str]) -> None:
+def test_a_killed_owner_is_left_out_of_the_preflight_and_the_status(
+    two_sites: dict[str, str],
+) -> None:
     import ray
 
     scenario = small_scenario(7, n_points=200)
@@ -115,6 +117,8 @@ def test_a_killed_owner_is_left_out_of_the_status_not_a_crash(two_sites: dict[st
     )
     try:
         ray.kill(market.owners["owner-3"], no_restart=True)
+        # the preflight leaves a dead owner out (a lost party, counted against T), no error
+        assert sorted(preflight_owners(market.owners, {}, {})) == ["owner-1", "owner-2", "owner-4"]
         reports, lost = owner_reports(market.owners, timeout=60.0)
     finally:
         market.kill_all()
