@@ -29,7 +29,8 @@ from dpmarket.actors.config_checks import ConfigError
 __all__ = ["BUDGET_PRIVACY_KEYS", "OwnerBudget", "parse_budgets", "parse_consumer"]
 
 BUDGET_PRIVACY_KEYS = frozenset({"ledger_dir", "owner_budget", "block_records"})
-_OWNER_KEYS = {"budget", "ledger"}
+_OWNER_KEYS = frozenset({"budget", "ledger"})
+OWNER_BUDGET_KEYS = _OWNER_KEYS
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,15 @@ def _path(base: Path, path: str, key: str, value: object) -> Path:
 
 
 def parse_budgets(
-    path: str, privacy: dict[str, Any], owners_table: object, owners: tuple[str, ...], delta: float
+    path: str,
+    privacy: dict[str, Any],
+    owners_table: object,
+    owners: tuple[str, ...],
+    delta: float,
+    other_keys: frozenset[str] = frozenset(),
 ) -> dict[str, OwnerBudget]:
-    """The owners' budgets of a config (empty: no persistent budgets); ConfigError by key."""
+    """The owners' budgets of a config (empty: no persistent budgets); ConfigError by key.
+    ``other_keys`` are the ``[owners.NAME]`` keys that other parsers read (placement)."""
     base = Path(path).parent
     if not isinstance(owners_table, dict):
         raise ConfigError(f"{path}: [owners]: expected tables [owners.NAME]")
@@ -92,9 +99,10 @@ def parse_budgets(
         key = f"[owners.{name}]"
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: {key}: expected a table with {sorted(_OWNER_KEYS)}")
-        extra = sorted(set(table) - _OWNER_KEYS)
+        extra = sorted(set(table) - _OWNER_KEYS - other_keys)
         if extra:
-            raise ConfigError(f"{path}: {key}: unknown keys {extra}; allowed {sorted(_OWNER_KEYS)}")
+            allowed = sorted(_OWNER_KEYS | other_keys)
+            raise ConfigError(f"{path}: {key}: unknown keys {extra}; allowed {allowed}")
         cap = market_cap
         if "budget" in table:
             budget = table["budget"]

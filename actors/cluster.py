@@ -13,6 +13,8 @@ from typing import Any
 
 import ray
 
+from dpmarket.actors.shipping import connect_runtime_env
+
 __all__ = ["connect", "describe"]
 
 
@@ -28,8 +30,8 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> dict[str
     level = ray_logger.level
     ray_logger.setLevel(logging.ERROR)
     try:
-        if target:
-            ray.init(address=target, **common)
+        if target:  # a cluster: ship this driver's code with the job (actors/shipping.py)
+            ray.init(address=target, runtime_env=connect_runtime_env(target), **common)
         else:
             cpus = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
             # "local": always a new instance, never an unrelated cluster left on this machine

@@ -8,6 +8,7 @@ from typing import Any
 import ray
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from dpmarket.actors.placement import node_report
 from dpmarket.protocol.securesum.node import ComputeNode
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig
@@ -57,6 +58,10 @@ class ComputeNodeActor:
     async def pid(self) -> int:
         """The worker's process id (benchmarks read its CPU time)."""
         return os.getpid()
+
+    async def where(self, paths: list[str]) -> dict[str, Any]:
+        """This node (Ray id, IP) and the dpmarket running here (actors/placement.py)."""
+        return node_report(paths)
 
     async def status(self) -> dict[str, Any]:
         return {"registered": self._node.registered, "errors": list(self.errors)}

@@ -16,11 +16,13 @@ from typing import Any
 from dpmarket.actors import config_checks as checks
 from dpmarket.actors.budget_config import (
     BUDGET_PRIVACY_KEYS,
+    OWNER_BUDGET_KEYS,
     OwnerBudget,
     parse_budgets,
     parse_consumer,
 )
 from dpmarket.actors.config_checks import ConfigError
+from dpmarket.actors.placement import PLACEMENT_KEYS, Placement, parse_placements
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.spec import SHARE_MODES
 from dpmarket.protocol.summary.curator import CuratorParams
@@ -111,6 +113,7 @@ class MarketConfig:
     path: str = "<memory>"
     budgets: dict[str, OwnerBudget] = field(default_factory=dict)  # actors/budget_config.py
     consumer_budget: OwnerBudget | None = None  # the validation set's store and cap
+    placement: dict[str, Placement] = field(default_factory=dict)  # [owners.NAME] (placement.py)
 
     @property
     def noise(self) -> NoiseSource:
@@ -301,9 +304,10 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         faults=_faults(name, data.get("faults", {}), owners),
         secure=_secure(name, data.get("privacy", {}), data.get("sketch", {})),
         path=name,
+        placement=parse_placements(name, data.get("owners", {}), owners, OWNER_BUDGET_KEYS),
     )
     budgets = parse_budgets(
-        name, data.get("privacy", {}), data.get("owners", {}), owners, config.delta
+        name, data.get("privacy", {}), data.get("owners", {}), owners, config.delta, PLACEMENT_KEYS
     )
     consumer = parse_consumer(name, data.get("privacy", {}), data.get("consumer", {}))
     config = dataclasses.replace(config, budgets=budgets, consumer_budget=consumer)

@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import ray
 
+from dpmarket.actors.placement import node_report
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.refresh import PoolRefresher, finish_refresh, stop_after_refusal
 from dpmarket.actors.securephase_journal import (
@@ -166,6 +167,10 @@ class CuratorActor:
             snap = snapshot_curator(self._curator, pool_inline=False, secure_phases=self._secure)
             write_json_atomic(self._journal, snap)
             self._curator.checkpoint_due = False
+
+    async def where(self, paths: list[str]) -> dict[str, Any]:
+        """This node (Ray id, IP) and the dpmarket running here (actors/placement.py)."""
+        return node_report(paths)
 
     async def progress(self) -> dict[str, Any]:
         """Where the run stands (served while ``run`` is in progress)."""

@@ -22,6 +22,7 @@ import numpy.typing as npt
 
 from dpmarket.actors.config import ConfigError, MarketConfig
 from dpmarket.actors.runner import OwnerInputs
+from dpmarket.actors.validate import data_path
 from dpmarket.streams.records.files import (
     CsvDecoder,
     RecordBatch,
@@ -99,16 +100,18 @@ class FileInputs(NamedTuple):
 def file_inputs(config: MarketConfig, headers: dict[str, bool], rejects_dir: Path) -> FileInputs:
     """Owners start empty and ingest their files; the curator's sets are read here, their bad
     lines written to ``rejects_dir/validation`` and ``rejects_dir/seed_set``."""
-    base = Path(config.path).parent
     schema = schema_of(config)
     sets: dict[str, F64] = {}
     rejects: dict[str, int] = {}
     for key in ("validation", "seed_set"):
-        path = base / config.data[key]
+        path = data_path(config, config.data[key])
         sets[key], _, rejects[key] = _read_all(
             path, schema, headers.get(str(path), False), rejects_dir / key
         )
-    files = {o: [str(base / p) for p in ps] for o, ps in config.data["files"].items()}
+    files = {o: [str(data_path(config, p)) for p in ps] for o, ps in config.data["files"].items()}
+    # a placed owner's files are on its node, not probed here: a header only if declared
+    declared = config.data.get("header") is True
+    headers = headers | {p: declared for o in config.placement for p in files.get(o, [])}
     gamma = float(config.data.get("gamma", median_heuristic_gamma(sets["seed_set"])))
     owners: dict[str, tuple[F64 | int, F64 | None]] = {
         o: (schema.n_features, None) for o in config.owner_names
@@ -221,5 +224,6 @@ def follow_ingest(
             print(file=sys.stderr)
             return status
         if clock() - start > timeout:
-            raise ConfigError(f"ingest did not catch up within {timeout} s")
+            behind = sorted(o for o, s in status.items() if not s["caught_up"])
+            raise ConfigError(f"ingest did not catch up within {timeout} s: {', '.join(behind)}")
         pause(0.1)

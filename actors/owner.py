@@ -25,6 +25,7 @@ import ray
 
 from dpmarket.actors.dcaowner import OperatorTrust, OwnerSecureSum
 from dpmarket.actors.owner_budget import BudgetGate, OwnerGate, gated_contribute
+from dpmarket.actors.placement import node_report
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.client import NodeKeyMismatch
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
@@ -259,6 +260,11 @@ class OwnerActor:
         party = self._owner(owner).party
         party.add_records(X, y)
         return party.n_records
+
+    async def where(self, paths: list[str]) -> dict[str, Any]:
+        """This actor's node (Ray id, IP) and which of ``paths`` cannot be read here: the
+        driver's preflight (actors/placement.py), asked before any secure sum."""
+        return node_report(paths)
 
     async def status(self, owner: str) -> dict[str, Any]:
         hosted = self._owner(owner)

@@ -220,6 +220,7 @@ def _spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     so a node opens no round below the plan's sigma floor or beyond its count."""
 
     from dpmarket.actors.compute import ComputeNodeActor
+    from dpmarket.actors.placement import preflight_owners
     from dpmarket.protocol.securesum.sealing import generate_keypair
 
     owners, dca = market.owners, prep.config
@@ -230,12 +231,14 @@ def _spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
         o: key if key is not None else generate_keypair()[1]
         for o, key in zip(dca.clients, publics, strict=True)
     }
-    return {
+    nodes = {
         name: ComputeNodeActor.options(  # type: ignore[attr-defined]
             **actor_options(market.run_id, name)
         ).remote(dca, name, prep.node_keys[name], client_keys, prep.trust.plan)
         for name in dca.nodes
     }
+    preflight_owners(nodes, {}, {})  # each runs the driver's dpmarket, or refused by name
+    return nodes
 
 
 def standardize(

@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.actors.dcaowner import OperatorTrust
+from dpmarket.actors.placement import Placement
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.summary.curator import Curator, CuratorParams, SummaryResult
@@ -133,7 +134,7 @@ def spawn_market(
     run_id: str = "run",
     journal: str | None = None,
     snapshot: dict[str, Any] | None = None,
-    placement: dict[str, dict[str, float]] | None = None,
+    placement: dict[str, Placement] | None = None,
     owners_per_actor: int = 1,
     dca: OperatorTrust | None = None,
     budgets: dict[str, Any] | None = None,
@@ -145,7 +146,8 @@ def spawn_market(
     a ``BudgetGate``, actors/owner_budget.py: its store, cap and planned summary charge).
 
     The curator is pinned to this (the driver's) node so its journal lands where the driver can
-    read it; ``placement`` maps an owner to Ray custom resources that pin it to nodes. Slow
+    read it; ``placement`` maps an owner to the Ray resources and node labels that pin it to
+    nodes (``[owners.NAME]``, actors/placement.py). Slow
     owners (``faults.delay``) wait that long before every reply.
     """
     import ray
@@ -160,7 +162,7 @@ def spawn_market(
     for group in owner_groups(list(inputs.owners), owners_per_actor, faults, placement):
         role = group[0] if len(group) == 1 else "owners-" + "-".join(_number(n) for n in group)
         handle = OwnerActor.options(  # type: ignore[attr-defined]
-            resources=placement.get(group[0], {}), **actor_options(run_id, role)
+            **placement.get(group[0], Placement()).options(), **actor_options(run_id, role)
         ).remote(
             run_id,
             {name: inputs.owners[name] for name in group},
@@ -219,21 +221,26 @@ def owner_groups(
     names: list[str],
     per_actor: int,
     faults: FaultPlan,
-    placement: dict[str, dict[str, float]],
+    placement: dict[str, Placement],
 ) -> list[list[str]]:
     """Which owners share an actor process: consecutive chunks of ``per_actor`` owners.
 
     Co-location is for simulations on few cores (17 processes on 2 cores spend more time being
-    scheduled than computing). An owner under a simulated fault (killed or slow) or pinned to a
-    node gets an actor of its own, so the fault stays with that owner alone. Killing a shared
-    actor (a crash, or removing its node) loses every owner in it, as losing a machine would.
+    scheduled than computing). An owner under a simulated fault (killed or slow) gets an actor
+    of its own, so the fault stays with that owner alone; the others are chunked among owners
+    of the same placement only (an actor runs on one node). Killing a shared actor (a crash, or
+    removing its node) loses every owner in it, as losing a machine would.
     """
     if per_actor < 1:
         raise ValueError(f"owners_per_actor: must be >= 1, got {per_actor}")
-    alone = {n for n in names if n in faults.kill_at or faults.delay.get(n) or placement.get(n)}
+    alone = {n for n in names if n in faults.kill_at or faults.delay.get(n)}
     groups = [[n] for n in names if n in alone]
-    shared = [n for n in names if n not in alone]
-    groups += [shared[i : i + per_actor] for i in range(0, len(shared), per_actor)]
+    by_place: dict[Placement, list[str]] = {}
+    for n in names:
+        if n not in alone:
+            by_place.setdefault(placement.get(n, Placement()), []).append(n)
+    for shared in by_place.values():
+        groups += [shared[i : i + per_actor] for i in range(0, len(shared), per_actor)]
     return groups
 
 

@@ -6,11 +6,15 @@ exists and is readable, and its first rows (a bounded prefix, :func:`probe`) dec
 impossible thing raises :class:`ConfigError` naming the file, the line and the key; bad rows
 among good ones are reported (they will go to the rejects files). ``run`` calls
 :func:`check_inputs` before it connects to Ray. Data paths are relative to the configuration
-file's directory; output directories (``--out``, ``[run].out``) to the working directory.
+file's directory; output directories (``--out``, ``[run].out``) to the working directory; both
+are made absolute here, on the driver, before anything reaches a worker. The files of an owner
+placed with ``[owners.NAME]`` are paths on its node: they are checked there, by its actor,
+before any secure sum (actors/placement.py), not here.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +23,15 @@ from typing import Any
 from dpmarket.actors.config import ConfigError, MarketConfig
 from dpmarket.streams.records.files import ARITY, RAW_LIMIT, Probe, Schema, SchemaError, probe
 
-__all__ = ["FileCheck", "InputsCheck", "check_inputs", "check_schema", "key_line", "resolve_out"]
+__all__ = [
+    "FileCheck",
+    "InputsCheck",
+    "check_inputs",
+    "check_schema",
+    "data_path",
+    "key_line",
+    "resolve_out",
+]
 
 PROBE_ROWS, PROBE_BYTES = 50, 1 << 16
 _TABLE = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]")
@@ -29,6 +41,13 @@ def resolve_out(config: MarketConfig, cli_out: str | Path | None) -> Path:
     """The output directory: ``--out`` if given, else ``[run].out``; either way a relative path
     is taken from the working directory (data paths are taken from the config's directory)."""
     return Path(cli_out or config.out).absolute()
+
+
+def data_path(config: MarketConfig, name: str) -> Path:
+    """An input file named in the config, as an absolute path made on the driver: a relative
+    name is taken from the configuration file's directory (never from a worker's current
+    directory). A placed owner opens this path on its own node."""
+    return Path(os.path.normpath((Path(config.path).parent / Path(name).expanduser()).absolute()))
 
 
 def key_line(config_path: str, section: str, key: str) -> int | None:
@@ -182,14 +201,14 @@ def _check_file(
 def check_inputs(config: MarketConfig) -> InputsCheck:
     """The schema and every input file of a files market (see the module docstring)."""
     schema = check_schema(config)
-    base = Path(config.path).parent
     checks = [
-        _check_file(config, schema, owner, ("data.files", owner), base / name)
+        _check_file(config, schema, owner, ("data.files", owner), data_path(config, name))
         for owner, names in config.data["files"].items()
+        if owner not in config.placement  # on its own node: checked there (actors/placement.py)
         for name in names
     ]
     checks += [
-        _check_file(config, schema, key, ("data", key), base / config.data[key])
+        _check_file(config, schema, key, ("data", key), data_path(config, config.data[key]))
         for key in ("validation", "seed_set")
     ]
     return InputsCheck(schema, tuple(checks))

@@ -25,3 +25,54 @@ def test_validation_rejects_an_unknown_key() -> None:
     config["not_a_ray_key"] = 1
     with pytest.raises(Exception, match="not_a_ray_key"):
         validate_config(prepare_config(config))
+
+
+def _text_and_config(name: str) -> tuple[str, dict[str, object]]:
+    text = (ROOT / "configs" / name).read_text()
+    return text, yaml.safe_load(text)
+
+
+@pytest.mark.parametrize("name", ["cluster-local.yaml", "cluster-aws.yaml"])
+def test_cluster_yaml_pins_the_tested_ray_and_python(name: str) -> None:
+    import re
+
+    import ray
+
+    text, _ = _text_and_config(name)
+    pins = set(re.findall(r"ray\[default\]==([0-9.]+)", text))
+    pins |= set(re.findall(r"rayproject/ray:([0-9.]+)-py", text))
+    assert pins == {ray.__version__}  # one version: the one installed and tested here
+    assert re.findall(r"py311|python3\.11|\(3, 11\)", text)
+    assert "pip install" in text and "~/dpmarket" in text
+
+
+@pytest.mark.parametrize("name", ["cluster-local.yaml", "cluster-aws.yaml"])
+def test_cluster_yaml_mounts_the_project_without_ignored_files(name: str) -> None:
+    _, config = _text_and_config(name)
+    assert config["file_mounts"] == {"~/dpmarket": "."}
+    assert config["rsync_filter"] == [".gitignore"]
+    ignored = (ROOT / ".gitignore").read_text().split()
+    assert ".venv/" in ignored and "out/" in ignored  # what the filter keeps off the nodes
+
+
+@pytest.mark.parametrize("name", ["cluster-local.yaml", "cluster-aws.yaml"])
+def test_cluster_yaml_keeps_the_dashboard_local_and_requires_tokens(name: str) -> None:
+    text, config = _text_and_config(name)
+    heads = " ".join(str(c) for c in config["head_start_ray_commands"])  # type: ignore[union-attr]
+    assert "--dashboard-host=127.0.0.1" in heads and "0.0.0.0" not in heads
+    assert "RAY_AUTH_MODE=token" in text and "ray get-auth-token --generate" in text
+    assert "ray dashboard configs/" + name in text
+
+
+def test_every_site_has_its_custom_resource() -> None:
+    _, aws = _text_and_config("cluster-aws.yaml")
+    types = aws["available_node_types"]
+    assert isinstance(types, dict)
+    assert {n: t["resources"] for n, t in types.items()} == {
+        "head": {},
+        "site_a": {"site_a": 1},
+        "site_b": {"site_b": 1},
+    }
+    _, local = _text_and_config("cluster-local.yaml")
+    assert "site_a" in str(local["head_start_ray_commands"])
+    assert "site_b" in str(local["worker_start_ray_commands"])

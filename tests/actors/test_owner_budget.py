@@ -46,6 +46,18 @@ def test_config_budgets_default_and_per_owner(tmp_path: Path) -> None:
     assert load_market_config(_config(tmp_path)).budgets == {}
 
 
+def test_an_owner_table_holds_its_budget_and_its_placement(tmp_path: Path) -> None:
+    """[owners.NAME] is read by two parsers (budget_config, placement): each accepts the
+    other's keys, and a key neither knows is refused naming both sets."""
+    owners = "[owners.owner-2]\nbudget = {epsilon = 1.0, delta = 1e-6}\nresources = {site_b = 1}\n"
+    config = load_market_config(_config(tmp_path, 'ledger_dir = "s"\nowner_budget = 2', owners))
+    assert config.budgets["owner-2"].epsilon == 1.0
+    assert dict(config.placement["owner-2"].resources) == {"site_b": 1.0}
+    bad = owners + "colour = 'red'\n"
+    with pytest.raises(ConfigError, match=r"unknown keys \['colour'\].*'budget'.*'resources'"):
+        load_market_config(_config(tmp_path, 'ledger_dir = "s"\nowner_budget = 2', bad))
+
+
 @pytest.mark.parametrize(
     "privacy,owners,message",
     [

@@ -9,6 +9,7 @@ import pytest
 
 from dpmarket.actors.config import ConfigError, FaultConfig, load_market_config
 from dpmarket.actors.faults import fault_verdicts
+from dpmarket.actors.placement import Placement
 from dpmarket.actors.refresh import PoolRefresher
 from dpmarket.actors.runner import owner_groups
 from dpmarket.actors.transport import FaultPlan
@@ -17,14 +18,18 @@ from dpmarket.protocol.securesum.spec import RoundResult
 NAMES = [f"owner-{i}" for i in range(1, 8)]
 
 
-def test_owners_are_chunked_and_faulty_or_pinned_owners_stand_alone() -> None:
+def test_owners_are_chunked_faulty_owners_stand_alone_and_groups_share_a_placement() -> None:
     assert owner_groups(NAMES, 1, FaultPlan(), {}) == [[n] for n in NAMES]
     assert owner_groups(NAMES, 3, FaultPlan(), {}) == [NAMES[0:3], NAMES[3:6], NAMES[6:]]
     faults = FaultPlan(kill_at={"owner-2": 4}, delay={"owner-5": 1.0})
-    groups = owner_groups(NAMES, 4, faults, {"owner-7": {"node-b": 1.0}})
-    assert groups[:3] == [["owner-2"], ["owner-5"], ["owner-7"]]
-    assert groups[3:] == [["owner-1", "owner-3", "owner-4", "owner-6"]]
+    site_b, site_c = Placement((("site_b", 1.0),)), Placement(node_labels=(("site", "c"),))
+    placement = {"owner-7": site_b, "owner-3": site_b, "owner-4": site_c, "owner-2": site_b}
+    groups = owner_groups(NAMES, 4, faults, placement)
+    assert groups[:2] == [["owner-2"], ["owner-5"]]
+    assert groups[2:] == [["owner-1", "owner-6"], ["owner-3", "owner-7"], ["owner-4"]]
     assert sorted(n for g in groups for n in g) == sorted(NAMES)  # everybody exactly once
+    for group in groups:  # an actor runs on one node: its owners share a placement
+        assert len({placement.get(n) for n in group}) == 1
 
 
 def test_owners_per_actor_must_be_positive() -> None:

@@ -9,6 +9,7 @@ import time
 import ray
 from ray.cluster_utils import Cluster
 
+from dpmarket.actors.placement import Placement
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.actors.runner import spawn_market
 from tests.small import small_params, small_scenario
@@ -20,7 +21,8 @@ def case(cluster: Cluster, zone: str, on_zone: list[str], tolerance: int) -> dic
     scenario = small_scenario(3)
     params = small_params(scenario, phase_timeout=3.0, max_lost=tolerance)
     placement = {
-        name: {zone: 1.0} if name in on_zone else {"head": 1.0} for name in scenario.owner_names
+        name: Placement(((zone if name in on_zone else "head", 1.0),))
+        for name in scenario.owner_names
     }
     market = spawn_market(scenario, params, NoiseSource.secure(), run_id=zone, placement=placement)
     ref = market.curator.run.remote(market.owners, None)

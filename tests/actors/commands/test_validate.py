@@ -188,3 +188,8 @@ def test_ingest_gives_up_naming_the_owner_of_a_missing_file_or_a_failed_tailer()
     ticks = iter([0.0, 0.0, 0.5, 1.0, 1.5, 1.6])
     done = follow_ingest(poll_rotating, grace=2.0, clock=lambda: next(ticks), pause=lambda s: None)
     assert done["owner-2"]["caught_up"]
+    # an owner that never catches up (its files on another node) is named at the timeout
+    behind = {"owner-1": status([], []) | {"caught_up": True}, "owner-3": status([], [])}
+    late = iter([0.0, 0.0, 5.0, 11.0])
+    with pytest.raises(ConfigError, match=r"did not catch up within 10.0 s: owner-3$"):
+        follow_ingest(lambda: behind, 10.0, clock=lambda: next(late), pause=lambda s: None)
