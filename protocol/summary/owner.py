@@ -38,11 +38,13 @@ Curator: (bidding, bid | pass) -> bidding / asking; (asking, deliver) -> asking 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from dpmarket.protocol.summary.allocate import owner_profile
 from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.messages import (
     AskBody,
@@ -50,13 +52,14 @@ from dpmarket.protocol.summary.messages import (
     DeliverBody,
     EpochBody,
     PassBody,
+    ProfileBody,
     SetupBody,
     ValidationBody,
 )
 from dpmarket.protocol.summary.objective import bid_direction
 from dpmarket.protocol.summary.selection import exploration_generator
 from dpmarket.protocol.wire.codec import Message
-from dpmarket.protocol.wire.errors import RemoteProtocolError
+from dpmarket.protocol.wire.errors import LocalProtocolError, RemoteProtocolError
 from dpmarket.protocol.wire.parties import Handler, Outbox, body_of, dispatch
 
 __all__ = ["Owner"]
@@ -86,7 +89,16 @@ class Owner:
     to :meth:`add_records` become biddable at the next epoch.
     """
 
-    def __init__(self, name: str, run: str, X: npt.ArrayLike, y: npt.ArrayLike | None = None):
+    def __init__(
+        self,
+        name: str,
+        run: str,
+        X: npt.ArrayLike,
+        y: npt.ArrayLike | None = None,
+        rng: np.random.Generator | None = None,
+    ):
+        """``rng``: the owner's secret noise generator, needed only for the allocation profile
+        of allocate-select (protocol/summary/allocate.py)."""
         X_arr = np.asarray(X, dtype=np.float64)
         if X_arr.ndim != 2:
             raise ValueError(f"X: expected a 2-D array of records, got shape {X_arr.shape}")
@@ -108,6 +120,8 @@ class Owner:
         self._deliveries = np.zeros(len(X_arr), dtype=np.int64)  # per token
         self.epochs_seen = 0
         self.asks = 0
+        self._rng = rng
+        self._profile: F64 | None = None  # released once, re-sent unchanged on a resume
         self._table: dict[tuple[str, str], Handler] = {
             # setup is accepted in every state: a resumed run re-sends it to returning owners
             **{(state, "summary.setup"): self._on_setup for state in _OWNER_STATES},
@@ -192,6 +206,8 @@ class Owner:
         store = self._store
         assert store.HT is not None and self._g_validation is not None
         assert self._setup is not None
+        if body.profile_sigma > 0:
+            return [self._out.make(msg.sender, msg.round, self._release_profile(body))]
         biddable = self._deliveries < self._setup.max_deliveries
         if not biddable.any():
             self._bids = {}
@@ -207,6 +223,26 @@ class Owner:
             token = int(np.argmax(bids))
         self._bids = {token: float(bids[token])}
         return [self._out.make(msg.sender, msg.round, BidBody(token, float(bids[token])))]
+
+    def _release_profile(self, body: EpochBody) -> ProfileBody:
+        """The DP mean of h1 (protocol/summary/allocate.py), drawn once from the owner's own
+        noise generator; a resumed profile epoch gets the same release again (no new noise)."""
+        if self._profile is None:
+            if self._rng is None:
+                raise LocalProtocolError(
+                    f"{self.name}: the curator asks for an allocation profile, but this owner "
+                    "was given no noise generator"
+                )
+            if not (math.isfinite(body.profile_sigma) and 0 < body.profile_clip <= math.sqrt(2)):
+                raise RemoteProtocolError(
+                    "summary.epoch.profile_clip: expected a clip in (0, sqrt 2] and a finite sigma"
+                )
+            assert self._store.HT is not None
+            self._profile = owner_profile(
+                self._store.HT, body.profile_clip, body.profile_sigma, self._rng
+            )
+        self._bids = {}
+        return ProfileBody(self._profile.copy())
 
     def _on_ask(self, msg: Message) -> list[Message]:
         body = body_of(msg, AskBody)
