@@ -80,6 +80,7 @@ class Curator(EpochCycle):
         self._rng = rng
         self._out = Outbox(run, CURATOR)
         self._V, self._D0 = V, D0
+        self.validation_size = len(V)
         self._hash_inputs()
         self._h2 = MwemHash(params.d, params.grid_step, warm_start=params.warm_start)
         self.ledgers = {o: PrivacyLedger(o) for o in owners}
@@ -96,6 +97,7 @@ class Curator(EpochCycle):
         self._final: SummaryResult | None = None
         self._times_bid: dict[tuple[str, int], int] = {}
         self.profiles: dict[str, F64] = {}  # allocate-select (protocol/summary/allocate.py)
+        self.records: dict[str, int] = {}
         self.quotas: dict[str, int] | None = None
         self.transfers = TransferCounter()
         self.value = dict.fromkeys(owners, 0.0)

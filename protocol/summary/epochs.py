@@ -149,7 +149,7 @@ class EpochCycle(AllocationCycle):
             raise RemoteProtocolError("summary.profile: this epoch asks for bids, not a profile")
         if msg.sender in self.epoch.passed:
             raise RemoteProtocolError(f"summary.profile: {msg.sender} already answered")
-        self._take_profile(msg.sender, body.mean)
+        self._take_profile(msg.sender, body.mean, body.records)
         self.epoch.passed.add(msg.sender)
         return self._close_bidding() if not self._waiting() else []
 

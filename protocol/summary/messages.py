@@ -76,7 +76,8 @@ class EpochBody(Body):
     (seed removed), ``summary_size`` is q = |S|. ``explore`` (added later, optional): bid a
     point drawn uniformly by the public exploration generator instead of the best one
     (protocol/summary/selection.py). ``profile_sigma`` > 0 (added later, optional): instead of
-    bidding, release the DP mean of h1 clipped to ``profile_clip`` with that noise multiplier
+    bidding, release the DP profile: the mean of ``profile_basis @ (h1(x) - profile_center)``
+    (k x d, row-major) clipped to norm ``profile_clip``, with that noise multiplier
     (protocol/summary/allocate.py)."""
 
     g_summary: Reals
@@ -84,14 +85,18 @@ class EpochBody(Body):
     explore: bool = False
     profile_sigma: float = 0.0
     profile_clip: float = 0.0
+    profile_basis: Reals | None = None
+    profile_center: Reals | None = None
 
 
 @register("summary.profile")
 @dataclass(frozen=True, slots=True)
 class ProfileBody(Body):
-    """Owner -> curator: its DP mean of h1 (protocol/summary/allocate.py), noise included."""
+    """Owner -> curator: its DP mean of h1 in the profile basis (protocol/summary/allocate.py),
+    noise included, and its record count (fixed under replace-one neighbours)."""
 
     mean: Reals
+    records: Count = 0
 
 
 @register("summary.bid")

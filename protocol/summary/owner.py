@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from dpmarket.protocol.summary.allocate import owner_profile
+from dpmarket.protocol.summary.allocate import ProfileFrame, owner_profile
 from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.messages import (
     AskBody,
@@ -233,16 +233,22 @@ class Owner:
                     f"{self.name}: the curator asks for an allocation profile, but this owner "
                     "was given no noise generator"
                 )
-            if not (math.isfinite(body.profile_sigma) and 0 < body.profile_clip <= math.sqrt(2)):
+            assert self._store.HT is not None and self._setup is not None
+            d = self._setup.d
+            basis = np.asarray(body.profile_basis if body.profile_basis is not None else [])
+            center = np.asarray(body.profile_center if body.profile_center is not None else [])
+            ok = math.isfinite(body.profile_sigma) and math.isfinite(body.profile_clip)
+            if not (ok and body.profile_clip > 0 and basis.size and basis.size % d == 0):
                 raise RemoteProtocolError(
-                    "summary.epoch.profile_clip: expected a clip in (0, sqrt 2] and a finite sigma"
+                    "summary.epoch.profile_*: expected a finite sigma, a clip > 0 and k x d basis"
                 )
-            assert self._store.HT is not None
-            self._profile = owner_profile(
-                self._store.HT, body.profile_clip, body.profile_sigma, self._rng
-            )
+            try:
+                frame = ProfileFrame(basis.reshape(-1, d), center, float(body.profile_clip))
+                self._profile = owner_profile(self._store.HT, frame, body.profile_sigma, self._rng)
+            except ValueError as exc:
+                raise RemoteProtocolError(f"summary.epoch.profile_basis: {exc}") from None
         self._bids = {}
-        return ProfileBody(self._profile.copy())
+        return ProfileBody(self._profile.copy(), records=int(self._store.X.shape[0]))
 
     def _on_ask(self, msg: Message) -> list[Message]:
         body = body_of(msg, AskBody)

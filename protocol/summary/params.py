@@ -90,6 +90,7 @@ _FIELD_CHECKS: dict[str, _Spec] = {
     "explore_share": ("real", 0, _INF, False, False),
     "max_points": ("int", 1, _INF, False, True),
     "allocation_sigma": ("real", 0, _INF, True, False),
+    "allocation_dims": ("int", 1, _INF, False, False),
 }
 _RELATIONS = {
     "d": "expected an integer in 1..{max_d} (a d-vector of float64 fills one frame's array "
@@ -191,6 +192,7 @@ class CuratorParams:
     # across owners once, and each owner herds its share locally against g_tilde.
     allocate: bool = False
     allocation_sigma: float = 1.0
+    allocation_dims: int = 8  # the public profile basis: g_tilde, seed mean, seed PCs
     # Public standardisation of the features before h1 (the normalise round's DP means and
     # spreads; None: raw features). Set through Curator.standardize before the run starts.
     center: tuple[float, ...] | None = None
