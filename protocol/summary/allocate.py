@@ -241,7 +241,8 @@ def plan_allocation(
 
     The profile is the only owner event of the run, so its noise multiplier is the one that
     spends ``eps_owner`` at ``delta`` (analytic Gaussian, a 1e-4 margin for the PLD's
-    round-off); ``max_points`` defaults to ``ceil(1.5 p)``.
+    round-off); ``max_points`` defaults to ``ceil(1.5 p)``, and the epoch limit lets one owner
+    deliver the whole budget.
     """
     budget = math.ceil(1.5 * p) if max_points is None else int(max_points)
     if budget < p:
@@ -252,6 +253,7 @@ def plan_allocation(
         "max_points": budget,
         "final_selection": "exact",
         "explore_share": 0.0,
+        "max_epochs": budget + 10,  # one owner may hold the whole budget, one point per epoch
     }
 
 
