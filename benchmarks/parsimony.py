@@ -9,7 +9,8 @@ reproducible (a simulation; actors/randomness.py).
 
     python benchmarks/parsimony.py                 # seeds 0-4, p in {50, 100, 200}, every factor
     python benchmarks/parsimony.py --quick         # seed 0, p in {50, 100}, max_points 1.5 p
-    python benchmarks/parsimony.py --seeds 15 --factors 1.5 --mechanisms allocate-select random-select
+    python benchmarks/parsimony.py --seeds 15 --factors 1.5 \
+        --mechanisms allocate-select random-select
 
 Prints a table, writes the Pareto-front PNG (--png), and as last line one JSON object
 {"benchmark": "parsimony", "rows": [{"dataset", "mechanism", "p", "max_points",
@@ -102,9 +103,8 @@ def main(argv: list[str]) -> int:
             f"{r['svm_private']:>6.3f} {r['svm_uniform']:>6.3f} {eps[0]:>7} {eps[1]:>7}"
         )
     _plot(rows, args.png)
-    print(
-        f"{len(rows)} rows, {args.seeds} seed(s), {time.perf_counter() - started:.1f} s; plot: {args.png}"
-    )
+    elapsed = time.perf_counter() - started
+    print(f"{len(rows)} rows, {args.seeds} seed(s), {elapsed:.1f} s; plot: {args.png}")
     print(json.dumps({"benchmark": "parsimony", "rows": rows}))
     return 0
 
