@@ -114,7 +114,8 @@ CASES = [
     ("summary.max_points", "0", "[summary].max_points: expected an integer >= 1, got 0"),
     ("summary.max_points", "9", "[summary].max_points: 9 is below p = 10"),
     ("summary.max_points", "'few'", "[summary].max_points: expected an integer"),
-    ("summary.allocate", "true", "[summary].allocate: allocate = true needs max_points"),
+    ("summary.allocate", "'yes'", "[summary].allocate: expected true or false"),
+    ("summary.allocation_sigma", "0", "[summary].allocation_sigma: expected a finite number > 0"),
     # [faults]: epochs >= 1, owners and compute nodes known
     ("faults.kill", "{ owner-9 = 2 }", "[faults].kill: unknown owners ['owner-9']"),
     ("faults.kill", "{ owner-1 = 0 }", "[faults].kill.owner-1"),

@@ -129,9 +129,13 @@ EXAMPLES: list[Body] = [
     summary_messages.EpochBody(g_summary=np.zeros(0), summary_size=0),
     summary_messages.EpochBody(g_summary=np.zeros(3), summary_size=0, explore=True),
     summary_messages.EpochBody(
-        g_summary=np.zeros(3), summary_size=0, profile_sigma=4.5, profile_clip=0.3,
-        profile_basis=rng.normal(size=6), profile_center=np.ones(3),
-    ),  # fmt: skip
+        g_summary=np.zeros(3),
+        summary_size=0,
+        profile_sigma=4.5,
+        profile_clip=0.3,
+        profile_basis=rng.normal(size=6),
+        profile_center=np.ones(3),
+    ),
     summary_messages.ProfileBody(mean=rng.normal(size=8), records=180),
     summary_messages.BidBody(token=2**63 - 1, bid=-1.5e300),
     summary_messages.BidBody(token=0, bid=0.0),
