@@ -149,3 +149,44 @@ def test_an_owner_without_a_noise_generator_refuses_to_release_a_profile(
                      profile_basis=frame.basis.ravel(), profile_center=frame.center)  # fmt: skip
     with pytest.raises(LocalProtocolError, match="no noise generator"):
         owner._release_profile(body)
+
+
+def test_a_curious_owner_sees_another_owner_only_through_its_profile(scenario: Scenario) -> None:
+    """Adversary view: owner A records every frame it receives. Owner B's records change
+    while B's released profile is held fixed; A's frames and ledger stay byte-identical."""
+    from dpmarket.actors.transport import FaultPlan
+    from dpmarket.protocol.wire.codec import Message, encode
+
+    base = small_params(
+        scenario, summary_release="herding", validation_release="gaussian", tau=1,
+        auction_variant="pure", eps_auction=1e-6, max_deliveries=1, final_selection="exact",
+    )  # fmt: skip
+    params = dataclasses.replace(base, **plan_allocation(1.0, 1e-5, base.p, 15))
+    a, b = scenario.owner_names[3], scenario.owner_names[1]
+    fixed: np.ndarray | None = None
+    views = []
+    for variant in range(2):
+        owners = []
+        for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True)):
+            if n == b and variant:  # B now holds another distribution's records
+                X, y = scenario.owners[2][0] + 0.5, scenario.owners[2][1]
+            owners.append(Owner(n, RUN, X, y, rng=np.random.default_rng([5, i])))
+        if fixed is not None:
+            owners[1]._profile = fixed.copy()  # B's release, as published in the first run
+        seen: list[Message] = []
+
+        def record(msg: Message, seen: list[Message] = seen) -> bool:
+            if msg.recipient == a:
+                seen.append(msg)
+            return False
+
+        curator = small_curator(RUN, scenario, params, 4)
+        transport = LoopbackTransport([curator, *owners], faults=FaultPlan(drop=record))
+        transport.send(curator.start())
+        transport.run_until(lambda curator=curator: curator.done)
+        fixed = owners[1]._profile
+        assert curator.quotas is not None and curator.quotas[a] > 0 and curator.quotas[b] > 0
+        b_points = sorted(e.token for e in curator.pool.entries if e.owner == b)
+        views.append(([encode(m) for m in seen], curator.ledgers[a].to_dict(), b_points))
+    assert views[0][0] == views[1][0] and views[0][1] == views[1][1]
+    assert views[0][2] != views[1][2]  # B did sell different points
