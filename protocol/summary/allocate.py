@@ -5,32 +5,43 @@ Theory of operation
 With ``CuratorParams.allocate`` the run has three steps, and the curator never receives more
 than ``max_points`` distinct owner points (protocol/summary/epochs.py enforces the budget):
 
-1. *Profile epoch* (epoch 1, ``EpochBody.profile_sigma > 0``). Every owner clips each of its
-   h1 rows to L2 norm ``clip`` and releases the mean over its ``n_i`` records with Gaussian
-   noise of standard deviation ``z * 2 clip / n_i`` per coordinate (:func:`owner_profile`,
-   drawn by the owner from its own noise generator; ``n_i`` is not sent).
+1. *Profile epoch* (epoch 1, ``EpochBody.profile_sigma > 0``). The curator sends a public
+   frame (:func:`profile_frame`: k orthonormal directions spanned by g_tilde and the public seed
+   set, a center, a radius r). Every owner maps each record to ``basis @ (h1(x) - center)``,
+   clips that to norm r, and releases the mean over its ``n_i`` records plus Gaussian noise of
+   standard deviation ``z * 2 r / n_i`` per coordinate (:func:`owner_profile`, drawn from the
+   owner's own noise generator), with its record count ``n_i``.
 2. *Allocation*, once: the curator finds mixing weights ``w >= 0``, ``sum w = 1``, that make
-   ``sum_i w_i mu_i`` closest to g_tilde (non-negative least squares; :func:`mixing_weights`)
-   and splits ``max_points`` into integer quotas in proportion to w (:func:`quotas`).
+   ``sum_i w_i mu_i`` closest to g_tilde in the frame (non-negative least squares,
+   :func:`mixing_weights`), averaged over re-noised copies of the releases
+   (:func:`smoothed_weights`), and splits ``max_points`` into integer quotas in proportion to w,
+   none above ``n_i`` (:func:`quotas`).
 3. *Local herding*: in every later epoch the curator sends owner i (and only owner i) the exact
    mean of h1 over the points owner i has delivered so far and their count q_i; owner i bids by
    the usual rule ``h1(x) . (g_tilde - q_i/(q_i+1) g_i)``, i.e. kernel herding of its own
    points toward g_tilde, and is asked while its quota lasts (no auction). The curator's exact
    final selection (protocol/summary/selection.py) then keeps p of the purchased points.
 
-Privacy (what the ledger charges; neighbouring relation: replace one record of the owner, n_i
-fixed):
-* The profile: the mean of ``n_i`` rows of norm <= clip has L2 sensitivity ``2 clip / n_i``;
-  the noise is ``z`` times that, so the release is the Gaussian mechanism with noise multiplier
-  z. Charged once to that owner's ledger as ``gaussian(sigma = z, sensitivity = 1)`` (both in
-  units of ``2 clip / n_i``), when the allocation is computed; a resumed profile epoch receives
-  the owner's cached release again and charges nothing new. The curator sees only this DP mean.
-* The quotas, and hence every later ask, are post-processing of the profiles and of g_tilde:
-  no further charge to any party. No auction runs (nothing charged per epoch).
+Privacy (what the ledger charges; neighbouring relation: replace one record of the owner, so
+n_i is fixed and sending it reveals nothing under that relation):
+* The profile: a mean of ``n_i`` vectors of norm <= r has L2 sensitivity ``2 r / n_i`` (the
+  projection is a contraction and the clip bounds each vector); the noise is ``z`` times that,
+  so the release is the Gaussian mechanism with noise multiplier z. Charged once to that
+  owner's ledger as ``gaussian(sigma = z, sensitivity = 1)`` (both in units of ``2 r / n_i``),
+  when the allocation is computed; a resumed profile epoch receives the owner's cached release
+  again and charges nothing new. The curator sees only this DP mean. The frame is built from
+  public values only (g_tilde is a release; the seed set is public).
+* The quotas, and hence every later ask, are post-processing of the profiles and of g_tilde
+  (the re-noising draws are public randomness): no further charge to any party. No auction
+  runs (nothing charged per epoch).
 * What owner i receives in a herding epoch (g_i, q_i, being asked) is a function of its own
-  delivered points and of the quotas: nothing about another owner beyond the quotas.
+  delivered points and of the quotas: nothing about another owner beyond the quotas
+  (tests/protocol/summary/test_allocate.py holds one owner's profile fixed, changes its
+  records, and finds another owner's frames byte-identical).
 * The points sold are the purchase itself, as in every mechanism: they are delivered to the
   curator in the clear (trusted mode) and are not a DP release; the budget bounds how many.
+* An owner uses the noise multiplier the curator sends; a deployment should have owners refuse
+  a multiplier below the one their own budget requires (not implemented).
 * g_tilde: the validation set's one Gaussian release (releases.py), charged there.
 """
 
