@@ -47,3 +47,40 @@ def test_allocate_in_a_config_plans_the_profile_noise_and_the_budget(tmp_path: P
     assert params.allocate and params.final_selection == "exact" and params.explore_share == 0
     assert params.max_points == math.ceil(1.5 * config.summary_size)
     assert params.allocation_sigma > 1.0  # eps_owner = 1 at delta 1e-5: z about 4.4
+
+
+def test_report_json_and_the_cli_print_points_accessed_against_the_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from dpmarket.actors.commands.market import print_report
+    from dpmarket.actors.curator import result_payload
+    from dpmarket.actors.report import write_outputs
+    from dpmarket.actors.transport import LoopbackTransport
+    from dpmarket.protocol.summary.curator import Curator
+    from dpmarket.protocol.summary.owner import Owner
+    from tests.small import small_params, small_scenario
+
+    scenario = small_scenario(3)
+    params = small_params(scenario, final_selection="exact", explore_share=1.0, max_points=13)
+    pairs = zip(scenario.owner_names, scenario.owners, strict=True)
+    owners = [Owner(n, "r", X, y) for n, (X, y) in pairs]
+    curator = Curator("r", list(scenario.owner_names), scenario.validation, scenario.seed_set,
+                      params, np.random.default_rng(0))  # fmt: skip
+    transport = LoopbackTransport([curator, *owners])
+    transport.send(curator.start())
+    transport.run_until(lambda: curator.done)
+    stats = SimpleNamespace(frames_sent=transport.frames_sent, bytes_sent=transport.bytes_sent,
+                            calls=0, errors=[], dead=set(), refused={},
+                            expelled=set())  # fmt: skip
+    payload = result_payload(curator.result(), curator, stats)  # type: ignore[arg-type]
+    payload.update(secure_phases={}, fault_verdicts=[], owners={})
+    run = {"name": "r", "validation_size": len(scenario.validation), "gamma": scenario.gamma}
+    reports = write_outputs(tmp_path, run, payload, 1e-5, (), {"start": 1.0}, None)
+    parsimony = reports.public["parsimony"]
+    assert parsimony["max_points"] == 13 and parsimony["distinct_points"] == 13
+    print_report(reports.public)
+    assert "curator saw 13 distinct points of max_points 13" in capsys.readouterr().out
