@@ -81,7 +81,18 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--noise-seed", type=int, default=0)
     parser.add_argument("--png", type=Path, default=Path("benchmarks/parsimony.png"))
+    parser.add_argument(
+        "--plot-from", type=Path, nargs="+", help="plot the JSON lines of earlier runs' output"
+    )
     args = parser.parse_args(argv)
+    if args.plot_from:
+        rows = []
+        for path in args.plot_from:
+            last = [line for line in path.read_text().splitlines() if line.startswith("{")][-1]
+            rows += json.loads(last)["rows"]
+        _plot(rows, args.png)
+        print(json.dumps({"benchmark": "parsimony", "rows": rows}))
+        return 0
     if args.quick:
         args.seeds, args.p, args.factors = 1, [50, 100], ["1.5"]
         args.mechanisms = ["allocate-select", "herding-select", "random-select"]

@@ -7,8 +7,12 @@ operation and both transition tables are in :mod:`dpmarket.protocol.summary.owne
 
 Privacy (what this cycle charges): one auction step per steering epoch to every owner's ledger
 (exploration epochs run no auction and charge nothing), and every event of the summary
-channel's release after a point joins the summary. Verification compares the delivered point's
-bid with the claimed one; a rejection's recorded reason carries no value of the point.
+channel's release after a point joins the summary. Under allocate-select (allocate.py) the
+profile epoch charges each owner its profile once, and the allocation epochs run no auction
+and charge nothing. ``max_points`` caps the distinct points received: asks past it are cut in
+a public owner order (post-processing of the ask set), and the run ends when it is reached.
+Verification compares the delivered point's bid with the claimed one; a rejection's recorded
+reason carries no value of the point.
 """
 
 from __future__ import annotations
