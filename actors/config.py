@@ -25,6 +25,7 @@ from dpmarket.actors.config_checks import ConfigError
 from dpmarket.actors.placement import PLACEMENT_KEYS, Placement, parse_placements
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.spec import SHARE_MODES
+from dpmarket.protocol.summary.allocate import plan_allocation
 from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.protocol.summary.params import ParamError
 from dpmarket.protocol.summary.plan import plan_releases
@@ -135,6 +136,8 @@ class MarketConfig:
         oversample then select; eps_owner 1 and eps_validation 3 at ``[privacy].delta``) gives
         d (from m), the validation noise, clip norm and ``max_epochs`` (from p). A
         ``[summary].eps_validation`` re-plans the Gaussian validation release at that budget.
+        ``[summary].allocate = true`` adds allocate-select's plan (``max_points`` 1.5 p unless
+        given; the profile's noise spends eps_owner).
         """
         eps_validation = self.overrides.get("eps_validation", PLAN_EPS_VALIDATION)
         if (
@@ -164,7 +167,13 @@ class MarketConfig:
             max_lost=self.tolerance,
             known_colluders=len(self.faults.colluders),
         )
-        return dataclasses.replace(base, **(plan.overrides() | self.overrides))
+        extra: dict[str, Any] = {}
+        if self.overrides.get("allocate") is True:  # allocate-select (protocol/summary/allocate.py)
+            budget = self.overrides.get("max_points")
+            p = max(2, self.summary_size)
+            budget = budget if isinstance(budget, int) and budget >= p else None
+            extra = plan_allocation(PLAN_EPS_OWNER, self.delta, p, budget)
+        return dataclasses.replace(base, **(plan.overrides() | extra | self.overrides))
 
     def public_record(self) -> dict[str, Any]:
         """The configuration as recorded in report.json (all of it is public)."""

@@ -294,6 +294,7 @@ def result_payload(res: SummaryResult, curator: Curator, transport: RayTransport
         "exploration_epochs": min(res.epochs, curator.params.explore_epochs(len(curator.owners))),
         "final_selection": curator.params.final_selection,
         "purchased": len(curator.pool),
+        "max_points": curator.params.max_points,
         "value": res.value,
         "distinct_points": res.transfers.distinct_points,
         "total_transfers": res.transfers.total_transfers,

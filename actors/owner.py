@@ -107,7 +107,8 @@ class OwnerActor:
         for name, (X, y) in owners.items():
             # an int means "no records yet, this many features": records arrive by ingestion
             X0 = np.zeros((0, X)) if isinstance(X, int) else X
-            hosted = _Hosted(Owner(name, run, X0, y), ReplayGuard(), delays.get(name, 0.0))
+            owner = Owner(name, run, X0, y, rng=noise.generator(f"summary:{name}"))
+            hosted = _Hosted(owner, ReplayGuard(), delays.get(name, 0.0))
             if dca is not None:  # noise keyed in this process (OS entropy unless simulated)
                 hosted.dca = OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))
             if budgets and name in budgets:  # opens (or creates) the owner's own store

@@ -33,8 +33,9 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
   events (mechanism and parameters), not from data.
 - ``parsimony``: ``summary_size`` (p), ``validation_size`` (m), ``distinct_points``,
   ``total_transfers``, rho = (distinct + m) / (p + m), ``final_selection`` (the configured mode:
-  "exact" or "none") and ``purchased_pool`` (verified deliveries): the parsimony the owners are
-  promised; see "Aggregate counts" below.
+  "exact" or "none"), ``purchased_pool`` (verified deliveries) and ``max_points`` (the budget
+  on distinct points, null when unbounded; ``distinct_points`` never exceeds it): the
+  parsimony the owners are promised; see "Aggregate counts" below.
 - ``faults``: owners lost (epoch), dropped, frames late, deliveries rejected, the colluders,
   transport counters and ``verdicts`` (per simulated fault: tolerated and how, or not triggered,
   with the T budget used): which parties failed and how T was spent, which owners need to check.
@@ -325,6 +326,7 @@ def public_report(
             "rho": (payload["distinct_points"] + m) / max(p + m, 1),
             "final_selection": payload.get("final_selection", "none"),
             "purchased_pool": payload.get("purchased", 0),
+            "max_points": payload.get("max_points"),
         },
         "faults": {
             "lost": payload["lost"],

@@ -52,10 +52,15 @@ def run_inprocess(
     rng: np.random.Generator,
     faults: FaultPlan | None = None,
     run_id: str = "run",
+    owner_noise: NoiseSource | None = None,
+    noise_label: str = "",
 ) -> InProcessRun:
-    """Run Algorithm 3 over ``scenario`` on a LoopbackTransport; return the curator's result."""
+    """Run Algorithm 3 over ``scenario`` on a LoopbackTransport; return the curator's result.
+    ``owner_noise`` keys the owners' own noise generators (OS entropy unless given; in a
+    simulation ``noise_label`` makes the streams of distinct runs distinct)."""
+    source = owner_noise or NoiseSource.secure()
     owners = {
-        name: Owner(name, run_id, X, y)
+        name: Owner(name, run_id, X, y, rng=source.generator(f"summary:{noise_label}:{name}"))
         for name, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
     }
     curator = Curator(run_id, list(owners), scenario.validation, scenario.seed_set, params, rng)

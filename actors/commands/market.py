@@ -122,7 +122,8 @@ def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None)
     print(f"state {outcome['state']} after {outcome['epochs']} epochs: {outcome['reason']}")
     print(
         f"summary {parsimony['summary_size']} points; curator saw {parsimony['distinct_points']} "
-        f"distinct points in {parsimony['total_transfers']} transfers (rho {parsimony['rho']:.2f})"
+        f"distinct points of max_points {parsimony.get('max_points') or 'unbounded'} in "
+        f"{parsimony['total_transfers']} transfers (rho {parsimony['rho']:.2f})"
     )
     delta = report["privacy"]["delta"]
     print(f"{'protected party':<16} {'eps (PLD)':>10} {'Theorem 7':>10} {'paper count':>12}")

@@ -38,7 +38,6 @@ from dpmarket.protocol.summary.epochs import EpochCycle
 from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.h2 import MwemHash
 from dpmarket.protocol.summary.messages import (
-    EpochBody,
     FinishBody,
     SetupBody,
     ValidationBody,
@@ -81,6 +80,7 @@ class Curator(EpochCycle):
         self._rng = rng
         self._out = Outbox(run, CURATOR)
         self._V, self._D0 = V, D0
+        self.validation_size = len(V)
         self._hash_inputs()
         self._h2 = MwemHash(params.d, params.grid_step, warm_start=params.warm_start)
         self.ledgers = {o: PrivacyLedger(o) for o in owners}
@@ -96,6 +96,9 @@ class Curator(EpochCycle):
         self.pool = PurchasedPool()  # every verified delivery (protocol/summary/selection.py)
         self._final: SummaryResult | None = None
         self._times_bid: dict[tuple[str, int], int] = {}
+        self.profiles: dict[str, F64] = {}  # allocate-select (protocol/summary/allocate.py)
+        self.records: dict[str, int] = {}
+        self.quotas: dict[str, int] | None = None
         self.transfers = TransferCounter()
         self.value = dict.fromkeys(owners, 0.0)
         self.dropped: list[tuple[int, str, str]] = []
@@ -110,6 +113,7 @@ class Curator(EpochCycle):
             ("bidding", "summary.bid"): self._on_bid,
             ("bidding", "summary.pass"): self._on_pass,
             ("asking", "summary.deliver"): self._on_deliver,
+            ("bidding", "summary.profile"): self._on_profile,
         }
 
     def _hash_inputs(self) -> None:
@@ -293,8 +297,7 @@ class Curator(EpochCycle):
         out += [
             self._out.make(o, ep.number, ValidationBody(self._g_validation)) for o in self.owners
         ]
-        body = EpochBody(ep.g_summary, ep.q, explore=self._exploring(ep.number))
-        return out + [self._out.make(o, ep.number, body) for o in self.owners]
+        return out + [self._out.make(o, ep.number, self._epoch_message(o)) for o in self.owners]
 
     @property
     def done(self) -> bool:

@@ -7,8 +7,12 @@ operation and both transition tables are in :mod:`dpmarket.protocol.summary.owne
 
 Privacy (what this cycle charges): one auction step per steering epoch to every owner's ledger
 (exploration epochs run no auction and charge nothing), and every event of the summary
-channel's release after a point joins the summary. Verification compares the delivered point's
-bid with the claimed one; a rejection's recorded reason carries no value of the point.
+channel's release after a point joins the summary. Under allocate-select (allocate.py) the
+profile epoch charges each owner its profile once, and the allocation epochs run no auction
+and charge nothing. ``max_points`` caps the distinct points received: asks past it are cut in
+a public owner order (post-processing of the ask set), and the run ends when it is reached.
+Verification compares the delivered point's bid with the claimed one; a rejection's recorded
+reason carries no value of the point.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.summary.allocate import AllocationCycle
 from dpmarket.protocol.summary.auction import (
     AuctionBid,
     TransferCounter,
@@ -26,7 +31,14 @@ from dpmarket.protocol.summary.auction import (
 from dpmarket.protocol.summary.channels import SummaryChannel, make_summary_channel
 from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.h2 import MwemHash
-from dpmarket.protocol.summary.messages import AskBody, BidBody, DeliverBody, EpochBody, FinishBody
+from dpmarket.protocol.summary.messages import (
+    AskBody,
+    BidBody,
+    DeliverBody,
+    EpochBody,
+    FinishBody,
+    ProfileBody,
+)
 from dpmarket.protocol.summary.objective import hashed_bids
 from dpmarket.protocol.summary.params import CuratorParams
 from dpmarket.protocol.summary.selection import PoolEntry, PurchasedPool
@@ -40,7 +52,7 @@ __all__ = ["EpochCycle"]
 F64 = npt.NDArray[np.float64]
 
 
-class EpochCycle:
+class EpochCycle(AllocationCycle):
     """Bidding and asking phases of the curator (state owned by the Curator)."""
 
     params: CuratorParams
@@ -77,10 +89,44 @@ class EpochCycle:
         number = self.epoch.number + 1
         if number - self.params.explore_epochs(len(self.owners)) > self.params.epoch_limit:
             return self._finish("epoch limit reached")
+        if self._points_left() == 0:
+            return self._finish("point budget reached")
+        if self.quotas is not None and not any(self._quota_left(o) > 0 for o in self.live):
+            return self._finish("allocation delivered")
         self.epoch = _Epoch(number, g_summary, len(self.provenance))
         self.state, self.checkpoint_due = "bidding", True
-        body = EpochBody(g_summary, self.epoch.q, explore=self._exploring(number))
-        return [self._out.make(o, number, body) for o in sorted(self.live)]
+        return [self._out.make(o, number, self._epoch_message(o)) for o in sorted(self.live)]
+
+    def _epoch_message(self, owner: str) -> EpochBody:
+        ep = self.epoch
+        return self._epoch_body(owner, ep.number, ep.g_summary, ep.q, self._exploring(ep.number))
+
+    def _points_left(self) -> int | None:
+        """Distinct points the curator may still receive under ``max_points`` (None: no cap)."""
+        cap = self.params.max_points
+        return None if cap is None else max(0, cap - self.transfers.distinct_points)
+
+    def _within_budget(self, pending: list[str]) -> list[str]:
+        """The asks of ``pending`` that keep the distinct points received within ``max_points``.
+
+        A re-asked point already received costs nothing; new points are kept in a public order
+        (owner names rotated by the epoch number), so the cut is post-processing of the ask set
+        and depends on no bid.
+        """
+        left, ep = self._points_left(), self.epoch
+        if left is None:
+            return pending
+        names = sorted(self.owners)
+        shift = ep.number % len(names)
+        rank = {o: (i - shift) % len(names) for i, o in enumerate(names)}
+        kept = []
+        for owner in sorted(pending, key=rank.__getitem__):
+            new = (owner, ep.bids[owner].token) not in self.transfers.deliveries
+            if new and left <= 0:
+                continue
+            left -= int(new)
+            kept.append(owner)
+        return sorted(kept)
 
     def _waiting(self) -> set[str]:
         ep = self.epoch
@@ -101,13 +147,31 @@ class EpochCycle:
         self.epoch.passed.add(msg.sender)
         return self._close_bidding() if not self._waiting() else []
 
+    def _on_profile(self, msg: Message) -> list[Message]:
+        body = body_of(msg, ProfileBody)
+        if not self._profiling(self.epoch.number):
+            raise RemoteProtocolError("summary.profile: this epoch asks for bids, not a profile")
+        if msg.sender in self.epoch.passed:
+            raise RemoteProtocolError(f"summary.profile: {msg.sender} already answered")
+        self._take_profile(msg.sender, body.mean, body.records)
+        self.epoch.passed.add(msg.sender)
+        return self._close_bidding() if not self._waiting() else []
+
     def _close_bidding(self) -> list[Message]:
         ep, p = self.epoch, self.params
+        if self._profiling(ep.number):  # allocate.py: charge the profiles, fix the quotas
+            self._allocate()
+            self.checkpoint_due = True
+            return self._open_epoch(ep.g_summary)
         if not ep.bids:
             return self._finish("no owner has points left to bid")
         if not ep.decided and self._exploring(ep.number):
             # exploration: every bidder asked, no auction run, nothing charged (selection.py)
             ep.asked, ep.decided, self.checkpoint_due = set(ep.bids), True, True
+        if not ep.decided and self.quotas is not None:
+            # allocate.py: owners with quota left are asked, no auction run, nothing charged
+            ep.asked = {o for o in ep.bids if self._quota_left(o) > 0}
+            ep.decided, self.checkpoint_due = True, True
         if not ep.decided:
             bids = []
             for owner, b in sorted(ep.bids.items()):
@@ -122,7 +186,8 @@ class EpochCycle:
         ep.asked &= set(ep.bids) | ep.answered
         ep.deadline = None
         self.state = "asking"
-        pending = sorted(ep.asked - ep.answered)
+        pending = self._within_budget(sorted(ep.asked - ep.answered))  # max_points
+        ep.asked = ep.answered | set(pending)
         if not pending:
             return self._close_asking()
         return [self._out.make(o, ep.number, AskBody(ep.bids[o].token)) for o in pending]
@@ -173,7 +238,10 @@ class EpochCycle:
         if (owner, body.token) in self._members:
             return "point is already in the summary"
         claimed = ep.bids[owner].bid
-        actual = float(hashed_bids(h[None, :], self._g_validation, ep.g_summary, ep.q)[0])
+        g, q = (
+            (ep.g_summary, ep.q) if self.quotas is None else self._own_direction(owner, ep.number)
+        )
+        actual = float(hashed_bids(h[None, :], self._g_validation, g, q)[0])
         if not abs(actual - claimed) <= p.verify_tolerance * (1.0 + abs(claimed)):  # nan: refused
             return "bid does not match the delivered point"  # no values: the reason is reported
         return ""
@@ -181,7 +249,7 @@ class EpochCycle:
     def _close_asking(self) -> list[Message]:
         ep = self.epoch
         bought = {o: self._purchase(o, bid, body) for o, (bid, body) in sorted(ep.verified.items())}
-        if self._exploring(ep.number):  # the pool grew; the summary and g_l stay as they are
+        if self._exploring(ep.number) or self.quotas is not None:  # the pool grew; S and g_l stay
             return self._open_epoch(ep.g_summary)
         winner = choose_winner({o: bid for o, (bid, _) in ep.verified.items()})
         if winner is None:  # nothing added: repeat with the same release, no new charge

@@ -154,6 +154,11 @@ def snapshot_curator(
         "epoch": _epoch_state(c.epoch),
         "ledgers": {k: v.to_dict() for k, v in c.ledgers.items()},
         "mwem_logp": _arr(mwem._logp),
+        "allocation": {  # allocate-select (protocol/summary/allocate.py)
+            "profiles": {o: _arr(g) for o, g in sorted(c.profiles.items())},
+            "records": dict(sorted(c.records.items())),
+            "quotas": None if c.quotas is None else dict(sorted(c.quotas.items())),
+        },
         "secure_phases": copy.deepcopy(secure_phases or {}),
     }
 
@@ -248,5 +253,10 @@ def restore_curator(
     c.epoch = _restore_epoch(snapshot["epoch"])
     c.ledgers = {k: PrivacyLedger.from_dict(v) for k, v in snapshot["ledgers"].items()}
     c._h2._logp = _unarr(snapshot["mwem_logp"])
+    allocation = snapshot.get("allocation") or {}
+    c.profiles = {str(o): _need(g) for o, g in (allocation.get("profiles") or {}).items()}
+    c.records = {str(o): int(n) for o, n in (allocation.get("records") or {}).items()}
+    saved = allocation.get("quotas")
+    c.quotas = None if saved is None else {str(o): int(k) for o, k in saved.items()}
     c.checkpoint_due = False
     return c

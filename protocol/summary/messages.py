@@ -30,6 +30,7 @@ __all__ = [
     "EpochBody",
     "FinishBody",
     "PassBody",
+    "ProfileBody",
     "SetupBody",
     "ValidationBody",
 ]
@@ -74,11 +75,28 @@ class EpochBody(Body):
     """Curator -> owner: epoch l opens; g_summary estimates the mean of h1 over the summary S
     (seed removed), ``summary_size`` is q = |S|. ``explore`` (added later, optional): bid a
     point drawn uniformly by the public exploration generator instead of the best one
-    (protocol/summary/selection.py)."""
+    (protocol/summary/selection.py). ``profile_sigma`` > 0 (added later, optional): instead of
+    bidding, release the DP profile: the mean of ``profile_basis @ (h1(x) - profile_center)``
+    (k x d, row-major) clipped to norm ``profile_clip``, with that noise multiplier
+    (protocol/summary/allocate.py)."""
 
     g_summary: Reals
     summary_size: Count
     explore: bool = False
+    profile_sigma: float = 0.0
+    profile_clip: float = 0.0
+    profile_basis: Reals | None = None
+    profile_center: Reals | None = None
+
+
+@register("summary.profile")
+@dataclass(frozen=True, slots=True)
+class ProfileBody(Body):
+    """Owner -> curator: its DP mean of h1 in the profile basis (protocol/summary/allocate.py),
+    noise included, and its record count (fixed under replace-one neighbours)."""
+
+    mean: Reals
+    records: Count = 0
 
 
 @register("summary.bid")

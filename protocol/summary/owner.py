@@ -38,11 +38,13 @@ Curator: (bidding, bid | pass) -> bidding / asking; (asking, deliver) -> asking 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from dpmarket.protocol.summary.allocate import ProfileFrame, owner_profile
 from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.messages import (
     AskBody,
@@ -50,13 +52,14 @@ from dpmarket.protocol.summary.messages import (
     DeliverBody,
     EpochBody,
     PassBody,
+    ProfileBody,
     SetupBody,
     ValidationBody,
 )
 from dpmarket.protocol.summary.objective import bid_direction
 from dpmarket.protocol.summary.selection import exploration_generator
 from dpmarket.protocol.wire.codec import Message
-from dpmarket.protocol.wire.errors import RemoteProtocolError
+from dpmarket.protocol.wire.errors import LocalProtocolError, RemoteProtocolError
 from dpmarket.protocol.wire.parties import Handler, Outbox, body_of, dispatch
 
 __all__ = ["Owner"]
@@ -86,7 +89,16 @@ class Owner:
     to :meth:`add_records` become biddable at the next epoch.
     """
 
-    def __init__(self, name: str, run: str, X: npt.ArrayLike, y: npt.ArrayLike | None = None):
+    def __init__(
+        self,
+        name: str,
+        run: str,
+        X: npt.ArrayLike,
+        y: npt.ArrayLike | None = None,
+        rng: np.random.Generator | None = None,
+    ):
+        """``rng``: the owner's secret noise generator, needed only for the allocation profile
+        of allocate-select (protocol/summary/allocate.py)."""
         X_arr = np.asarray(X, dtype=np.float64)
         if X_arr.ndim != 2:
             raise ValueError(f"X: expected a 2-D array of records, got shape {X_arr.shape}")
@@ -109,6 +121,8 @@ class Owner:
         self._retired = np.zeros(len(X_arr), dtype=np.bool_)  # per record, in arrival order
         self.epochs_seen = 0
         self.asks = 0
+        self._rng = rng
+        self._profile: F64 | None = None  # released once, re-sent unchanged on a resume
         self._table: dict[tuple[str, str], Handler] = {
             # setup is accepted in every state: a resumed run re-sends it to returning owners
             **{(state, "summary.setup"): self._on_setup for state in _OWNER_STATES},
@@ -209,6 +223,8 @@ class Owner:
         store = self._store
         assert store.HT is not None and self._g_validation is not None
         assert self._setup is not None
+        if body.profile_sigma > 0:
+            return [self._out.make(msg.sender, msg.round, self._release_profile(body))]
         biddable = (self._deliveries < self._setup.max_deliveries) & ~self._retired_tokens()
         if not biddable.any():
             self._bids = {}
@@ -224,6 +240,32 @@ class Owner:
             token = int(np.argmax(bids))
         self._bids = {token: float(bids[token])}
         return [self._out.make(msg.sender, msg.round, BidBody(token, float(bids[token])))]
+
+    def _release_profile(self, body: EpochBody) -> ProfileBody:
+        """The DP mean of h1 (protocol/summary/allocate.py), drawn once from the owner's own
+        noise generator; a resumed profile epoch gets the same release again (no new noise)."""
+        if self._profile is None:
+            if self._rng is None:
+                raise LocalProtocolError(
+                    f"{self.name}: the curator asks for an allocation profile, but this owner "
+                    "was given no noise generator"
+                )
+            assert self._store.HT is not None and self._setup is not None
+            d = self._setup.d
+            basis = np.asarray(body.profile_basis if body.profile_basis is not None else [])
+            center = np.asarray(body.profile_center if body.profile_center is not None else [])
+            ok = math.isfinite(body.profile_sigma) and math.isfinite(body.profile_clip)
+            if not (ok and body.profile_clip > 0 and basis.size and basis.size % d == 0):
+                raise RemoteProtocolError(
+                    "summary.epoch.profile_*: expected a finite sigma, a clip > 0 and k x d basis"
+                )
+            try:
+                frame = ProfileFrame(basis.reshape(-1, d), center, float(body.profile_clip))
+                self._profile = owner_profile(self._store.HT, frame, body.profile_sigma, self._rng)
+            except ValueError as exc:
+                raise RemoteProtocolError(f"summary.epoch.profile_basis: {exc}") from None
+        self._bids = {}
+        return ProfileBody(self._profile.copy(), records=int(self._store.X.shape[0]))
 
     def _on_ask(self, msg: Message) -> list[Message]:
         body = body_of(msg, AskBody)

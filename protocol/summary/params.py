@@ -63,6 +63,7 @@ _FIELD_CHECKS: dict[str, _Spec] = {
     "summary_iterations": ("int", 1, _INF, False, False),
     "eta": ("real", 0, 2, True, True),
     "warm_start": ("bool", 0, 0, False, False),
+    "allocate": ("bool", 0, 0, False, False),
     "eps_auction": ("real", 0, _INF, True, False),
     "auction_variant": (("paper", "pure"), 0, 0, False, False),
     "tau": ("int", 1, _INF, False, False),
@@ -87,12 +88,17 @@ _FIELD_CHECKS: dict[str, _Spec] = {
     "herding_ascent_steps": ("int", 0, _INF, False, False),
     "final_selection": (FINAL_SELECTIONS, 0, 0, False, False),
     "explore_share": ("real", 0, _INF, False, False),
+    "max_points": ("int", 1, _INF, False, True),
+    "allocation_sigma": ("real", 0, _INF, True, False),
+    "allocation_dims": ("int", 1, _INF, False, False),
 }
 _RELATIONS = {
     "d": "expected an integer in 1..{max_d} (a d-vector of float64 fills one frame's array "
     "limit), got {self.d!r}",
     "eta": "2 / eta must be a whole number (the quantisation grid), got {self.eta!r}",
     "explore_share": "{self.explore_share!r} > 0 needs final_selection = 'exact'",
+    "max_points": "{self.max_points!r} is below p = {self.p}: the summary could not be bought",
+    "allocate": "allocate = true needs max_points, final_selection = 'exact' and explore_share = 0",
     "scale": "center and scale must be given together, scale > 0",
 }
 
@@ -178,6 +184,15 @@ class CuratorParams:
     # exact greedy picks against D_v (never sent to an owner: no ledger event).
     final_selection: str = "none"  # "none" | "exact"
     explore_share: float = 0.0
+    # Parsimony (issue 18): the most distinct owner points the curator may receive (validation
+    # set not counted; None: no budget). The curator never asks beyond it (epochs.py).
+    max_points: int | None = None
+    # Allocate, then select (protocol/summary/allocate.py): each owner releases a Gaussian DP
+    # mean of its h1 rows (noise multiplier allocation_sigma), the curator splits max_points
+    # across owners once, and each owner herds its share locally against g_tilde.
+    allocate: bool = False
+    allocation_sigma: float = 1.0
+    allocation_dims: int = 8  # the public profile basis: g_tilde, seed mean, seed PCs
     # Public standardisation of the features before h1 (the normalise round's DP means and
     # spreads; None: raw features). Set through Curator.standardize before the run starts.
     center: tuple[float, ...] | None = None
@@ -196,6 +211,13 @@ class CuratorParams:
             "d": self.d <= MAX_D,
             "eta": self.eta is None or _divides_two(self.eta),
             "explore_share": self.explore_share == 0 or self.final_selection == "exact",
+            "max_points": self.max_points is None or self.max_points >= self.p,
+            "allocate": not self.allocate
+            or (
+                self.max_points is not None
+                and self.final_selection == "exact"
+                and self.explore_share == 0
+            ),
             "scale": (self.center is None) == (self.scale is None)
             and (self.scale is None or min(self.scale, default=1.0) > 0),
         }

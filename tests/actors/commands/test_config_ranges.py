@@ -110,6 +110,12 @@ CASES = [
     ("summary.herding_ascent_steps", "-1", "[summary].herding_ascent_steps"),
     ("summary.candidate_center", "inf", "[summary].candidate_center"),
     ("summary.validation_iterations", "'many'", "[summary].validation_iterations"),
+    # issue 18: the budget on distinct points received
+    ("summary.max_points", "0", "[summary].max_points: expected an integer >= 1, got 0"),
+    ("summary.max_points", "9", "[summary].max_points: 9 is below p = 10"),
+    ("summary.max_points", "'few'", "[summary].max_points: expected an integer"),
+    ("summary.allocate", "'yes'", "[summary].allocate: expected true or false"),
+    ("summary.allocation_sigma", "0", "[summary].allocation_sigma: expected a finite number > 0"),
     # [faults]: epochs >= 1, owners and compute nodes known
     ("faults.kill", "{ owner-9 = 2 }", "[faults].kill: unknown owners ['owner-9']"),
     ("faults.kill", "{ owner-1 = 0 }", "[faults].kill.owner-1"),

@@ -1,0 +1,124 @@
+"""Parsimony (issue 18): gap closed and LinearSVC against the points the curator accessed.
+
+For every mechanism (actors/parsimony.py: allocate-select, herding-select, herding-pure-select)
+and the baseline "random-select" (max_points points bought uniformly at random, then the same
+exact final selection against D_v), on the synthetic covariate shift of benchmarks/utility.py
+and the appendix G digits split, at ``[summary].max_points`` = p, 1.5 p, 2 p, 3 p and (K + 1) p.
+Budgets: eps_owner <= 1, eps_validation <= 3 at delta 1e-5 (PLD ledger, replace-one). Noise is
+reproducible (a simulation; actors/randomness.py).
+
+    python benchmarks/parsimony.py                 # seeds 0-4, p in {50, 100, 200}, every factor
+    python benchmarks/parsimony.py --quick         # seed 0, p in {50, 100}, max_points 1.5 p
+    python benchmarks/parsimony.py --seeds 15 --factors 1.5 \
+        --mechanisms allocate-select random-select
+
+Prints a table, writes the Pareto-front PNG (--png), and as last line one JSON object
+{"benchmark": "parsimony", "rows": [{"dataset", "mechanism", "p", "max_points",
+"points_accessed", "gap_closed", "gap_closed_sd", "svm_private", "svm_uniform", "svm_greedy",
+"eps_owner", "eps_validation", "delta", "seeds"}, ...]} (an unbounded epsilon is null).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dpmarket.actors.parsimony import FACTORS, PARSIMONY_MECHANISMS, evaluate_parsimony
+from dpmarket.actors.randomness import NoiseSource
+from dpmarket.actors.utility import DATASETS
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = sorted({r["dataset"] for r in rows})
+    fig, axes = plt.subplots(2, len(datasets), figsize=(6 * len(datasets), 8), squeeze=False)
+    for col, dataset in enumerate(datasets):
+        for mech in sorted({r["mechanism"] for r in rows}):
+            for p in sorted({r["p"] for r in rows}):
+                sel = sorted(
+                    (
+                        r
+                        for r in rows
+                        if (r["dataset"], r["mechanism"], r["p"]) == (dataset, mech, p)
+                    ),
+                    key=lambda r: r["points_accessed"],
+                )
+                if not sel:
+                    continue
+                x = [r["points_accessed"] / p for r in sel]
+                style = "--" if mech == "random-select" else "-"
+                for row, key in ((0, "gap_closed"), (1, "svm_private")):
+                    axes[row][col].plot(
+                        x, [r[key] for r in sel], style, marker="o", label=f"{mech} p={p}"
+                    )
+        axes[0][col].set_title(f"{dataset}: gap closed")
+        axes[1][col].set_title(f"{dataset}: LinearSVC accuracy")
+        for row in (0, 1):
+            axes[row][col].set_xlabel("points accessed / p")
+            axes[row][col].grid(True, alpha=0.3)
+        axes[0][col].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--p", type=int, nargs="+", default=[50, 100, 200])
+    parser.add_argument("--factors", nargs="+", default=list(FACTORS))
+    parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
+    parser.add_argument(
+        "--mechanisms", nargs="+", choices=PARSIMONY_MECHANISMS, default=list(PARSIMONY_MECHANISMS)
+    )
+    parser.add_argument("--noise-seed", type=int, default=0)
+    parser.add_argument("--png", type=Path, default=Path("benchmarks/parsimony.png"))
+    parser.add_argument(
+        "--plot-from", type=Path, nargs="+", help="plot the JSON lines of earlier runs' output"
+    )
+    args = parser.parse_args(argv)
+    if args.plot_from:
+        rows = []
+        for path in args.plot_from:
+            last = [line for line in path.read_text().splitlines() if line.startswith("{")][-1]
+            rows += json.loads(last)["rows"]
+        _plot(rows, args.png)
+        print(json.dumps({"benchmark": "parsimony", "rows": rows}))
+        return 0
+    if args.quick:
+        args.seeds, args.p, args.factors = 1, [50, 100], ["1.5"]
+        args.mechanisms = ["allocate-select", "herding-select", "random-select"]
+    started = time.perf_counter()
+    rows = evaluate_parsimony(
+        args.datasets, args.mechanisms, args.p, list(range(args.seeds)), args.factors,
+        noise=NoiseSource.reproducible(args.noise_seed),
+    )  # fmt: skip
+    header = (
+        f"{'dataset':<10} {'mechanism':<20} {'p':>4} {'max_pts':>7} {'accessed':>8} "
+        f"{'gap':>6} {'sd':>5} {'svm':>6} {'svm_u':>6} {'eps_own':>7} {'eps_val':>7}"
+    )
+    print(header)
+    for r in rows:
+        eps = [("inf" if r[k] is None else f"{r[k]:.3f}") for k in ("eps_owner", "eps_validation")]
+        print(
+            f"{r['dataset']:<10} {r['mechanism']:<20} {r['p']:>4} {r['max_points']:>7} "
+            f"{r['points_accessed']:>8.1f} {r['gap_closed']:>6.2f} {r['gap_closed_sd']:>5.2f} "
+            f"{r['svm_private']:>6.3f} {r['svm_uniform']:>6.3f} {eps[0]:>7} {eps[1]:>7}"
+        )
+    _plot(rows, args.png)
+    elapsed = time.perf_counter() - started
+    print(f"{len(rows)} rows, {args.seeds} seed(s), {elapsed:.1f} s; plot: {args.png}")
+    print(json.dumps({"benchmark": "parsimony", "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

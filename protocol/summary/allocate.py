@@ -1,0 +1,366 @@
+"""Allocate, then select (issue 18): a parsimonious purchase of about ``max_points`` points.
+
+Theory of operation
+-------------------
+With ``CuratorParams.allocate`` the run has three steps, and the curator never receives more
+than ``max_points`` distinct owner points (protocol/summary/epochs.py enforces the budget):
+
+1. *Profile epoch* (epoch 1, ``EpochBody.profile_sigma > 0``). The curator sends a public
+   frame (:func:`profile_frame`: k orthonormal directions spanned by g_tilde and the public seed
+   set, a center, a radius r). Every owner maps each record to ``basis @ (h1(x) - center)``,
+   clips that to norm r, and releases the mean over its ``n_i`` records plus Gaussian noise of
+   standard deviation ``z * 2 r / n_i`` per coordinate (:func:`owner_profile`, drawn from the
+   owner's own noise generator), with its record count ``n_i``.
+2. *Allocation*, once: the curator finds mixing weights ``w >= 0``, ``sum w = 1``, that make
+   ``sum_i w_i mu_i`` closest to g_tilde in the frame (non-negative least squares,
+   :func:`mixing_weights`), averaged over re-noised copies of the releases
+   (:func:`smoothed_weights`), and splits ``max_points`` into integer quotas in proportion to w,
+   none above ``n_i`` (:func:`quotas`).
+3. *Local herding*: in every later epoch the curator sends owner i (and only owner i) the exact
+   mean of h1 over the points owner i has delivered so far and their count q_i; owner i bids by
+   the usual rule ``h1(x) . (g_tilde - q_i/(q_i+1) g_i)``, i.e. kernel herding of its own
+   points toward g_tilde, and is asked while its quota lasts (no auction). The curator's exact
+   final selection (protocol/summary/selection.py) then keeps p of the purchased points.
+
+Privacy (what the ledger charges; neighbouring relation: replace one record of the owner, so
+n_i is fixed and sending it reveals nothing under that relation):
+* The profile: a mean of ``n_i`` vectors of norm <= r has L2 sensitivity ``2 r / n_i`` (the
+  projection is a contraction and the clip bounds each vector); the noise is ``z`` times that,
+  so the release is the Gaussian mechanism with noise multiplier z. Charged once to that
+  owner's ledger as ``gaussian(sigma = z, sensitivity = 1)`` (both in units of ``2 r / n_i``),
+  when the allocation is computed; a resumed profile epoch receives the owner's cached release
+  again and charges nothing new. The curator sees only this DP mean. The frame is built from
+  public values only (g_tilde is a release; the seed set is public).
+* The quotas, and hence every later ask, are post-processing of the profiles and of g_tilde
+  (the re-noising draws are public randomness): no further charge to any party. No auction
+  runs (nothing charged per epoch).
+* What owner i receives in a herding epoch (g_i, q_i, being asked) is a function of its own
+  delivered points and of the quotas: nothing about another owner beyond the quotas
+  (tests/protocol/summary/test_allocate.py holds one owner's profile fixed, changes its
+  records, and finds another owner's frames byte-identical).
+* The points sold are the purchase itself, as in every mechanism: they are delivered to the
+  curator in the clear (trusted mode) and are not a DP release; the budget bounds how many.
+* An owner uses the noise multiplier the curator sends; a deployment should have owners refuse
+  a multiplier below the one their own budget requires (not implemented).
+* g_tilde: the validation set's one Gaussian release (releases.py), charged there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from scipy.optimize import nnls
+
+from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.summary.auction import TransferCounter
+from dpmarket.protocol.summary.messages import EpochBody
+from dpmarket.protocol.summary.params import CuratorParams
+from dpmarket.protocol.summary.plan import gaussian_noise_multiplier
+from dpmarket.protocol.summary.selection import PurchasedPool
+from dpmarket.protocol.wire.errors import RemoteProtocolError
+
+__all__ = [
+    "PROFILE_CLIP_QUANTILE",
+    "AllocationCycle",
+    "ProfileFrame",
+    "mixing_weights",
+    "owner_profile",
+    "plan_allocation",
+    "profile_frame",
+    "profile_scale",
+    "quotas",
+    "smoothed_weights",
+]
+
+F64 = npt.NDArray[np.float64]
+
+SMOOTHING_DRAWS = 64
+"""Re-noised solves averaged by :func:`smoothed_weights`."""
+
+_SUM_WEIGHT = 10.0
+"""Weight of the row ``sum w = 1`` appended to the least-squares problem (a soft simplex)."""
+
+
+def profile_scale(noise_multiplier: float, clip: float, n_records: int) -> float:
+    """Standard deviation of the profile noise: ``z * 2 r / n`` (replace-one sensitivity of a
+    mean of n values of norm <= r = ``clip``)."""
+    if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+        raise ValueError(f"noise multiplier must be finite and > 0, got {noise_multiplier!r}")
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip must be finite and > 0, got {clip!r}")
+    return noise_multiplier * 2.0 * clip / max(1, int(n_records))
+
+
+@dataclass(frozen=True)
+class ProfileFrame:
+    """Where a profile lives: ``basis`` (k x d, orthonormal rows), ``center`` (d) and the clip
+    ``radius`` r of a record's coordinates ``basis @ (h1(x) - center)``. All public."""
+
+    basis: F64
+    center: F64
+    radius: float
+
+
+PROFILE_CLIP_QUANTILE = 0.9
+"""The radius r is this quantile of the seed set's coordinate norms (public)."""
+
+
+def profile_frame(g_tilde: npt.ArrayLike, H_seed: npt.ArrayLike, k: int) -> ProfileFrame:
+    """The public frame of the profiles (:class:`ProfileFrame`), from public values only.
+
+    Basis: spanned by g_tilde (released), the mean of h1 over the public seed set and its top
+    principal directions, k rows. Center: the seed set's mean. Radius: the
+    :data:`PROFILE_CLIP_QUANTILE` quantile of the seed points' coordinate norms. A record's
+    coordinates are clipped to norm r, so replacing one record moves an owner's mean by at
+    most ``2 r / n_i``; the noise then spreads over k coordinates instead of d, where the
+    owners' means differ the most.
+    """
+    g = np.asarray(g_tilde, dtype=np.float64)
+    S = np.asarray(H_seed, dtype=np.float64)
+    if S.ndim != 2 or len(S) < 2 or S.shape[1] != g.shape[0] or k < 1:
+        raise ValueError(f"need H_seed of shape (n >= 2, {g.shape[0]}) and k >= 1")
+    center = S.mean(axis=0)
+    _, _, Vt = np.linalg.svd(S - center, full_matrices=False)
+    columns = np.column_stack([g, center, Vt.T])
+    Q, R = np.linalg.qr(columns)
+    keep = np.abs(np.diag(R)) > 1e-9 * max(1.0, float(np.abs(R).max()))
+    basis = np.ascontiguousarray(Q[:, keep][:, :k].T, dtype=np.float64)
+    norms = np.linalg.norm((S - center) @ basis.T, axis=1)
+    radius = float(max(np.quantile(norms, PROFILE_CLIP_QUANTILE), 1e-6))
+    return ProfileFrame(basis, center, radius)
+
+
+def owner_profile(
+    HT: npt.ArrayLike, frame: ProfileFrame, noise_multiplier: float, rng: np.random.Generator
+) -> F64:
+    """The owner's DP profile (module docstring): the mean over its records of
+    ``basis @ (h1(x) - center)`` clipped to norm ``radius``, plus Gaussian noise of standard
+    deviation ``z * 2 radius / n`` per coordinate. ``HT`` holds h1 rows as columns (d x n);
+    with no records the mean is zero and the noise is that of n = 1. ``rng`` must be the
+    owner's secret noise generator.
+    """
+    H = np.asarray(HT, dtype=np.float64)
+    U, c = frame.basis, frame.center
+    if H.ndim != 2 or U.ndim != 2 or U.shape[1] != H.shape[0] or c.shape != (H.shape[0],):
+        raise ValueError(f"HT, basis, center: shapes {H.shape}, {U.shape}, {c.shape} disagree")
+    if not np.allclose(U @ U.T, np.eye(len(U)), atol=1e-6):
+        raise ValueError("basis: the rows must be orthonormal")
+    n = H.shape[1]
+    sigma = profile_scale(noise_multiplier, frame.radius, n)
+    if n:
+        Z = U @ (H - c[:, None])
+        norms = np.linalg.norm(Z, axis=0)
+        mean = (Z * np.minimum(1.0, frame.radius / np.maximum(norms, 1e-300))).mean(axis=1)
+    else:
+        mean = np.zeros(len(U))
+    return np.asarray(mean + rng.normal(0.0, sigma, size=len(U)), dtype=np.float64)
+
+
+def mixing_weights(
+    profiles: Mapping[str, npt.ArrayLike], target: npt.ArrayLike
+) -> dict[str, float]:
+    """Weights ``w >= 0`` summing to one with ``sum_i w_i profile_i`` closest to ``target``.
+
+    Non-negative least squares with the sum constraint as a heavily weighted extra row;
+    uniform weights if the solver returns all zeros. Keys in sorted order.
+    """
+    names = sorted(profiles)
+    if not names:
+        return {}
+    g = np.asarray(target, dtype=np.float64)
+    M = np.column_stack([np.asarray(profiles[o], dtype=np.float64) for o in names])
+    if M.shape[0] != g.shape[0] or not (np.isfinite(M).all() and np.isfinite(g).all()):
+        raise ValueError("profiles and target must be finite vectors of one length")
+    A = np.vstack([M, np.full((1, len(names)), _SUM_WEIGHT)])
+    b = np.concatenate([g, [_SUM_WEIGHT]])
+    w, _ = nnls(A, b)
+    total = float(np.sum(w))
+    if not total > 0:
+        return {o: 1.0 / len(names) for o in names}
+    return {o: float(v) / total for o, v in zip(names, w, strict=True)}
+
+
+def smoothed_weights(
+    profiles: Mapping[str, npt.ArrayLike],
+    target: npt.ArrayLike,
+    profile_sd: Mapping[str, float],
+    target_sd: float,
+    rng: np.random.Generator,
+    draws: int = SMOOTHING_DRAWS,
+) -> dict[str, float]:
+    """:func:`mixing_weights` averaged over ``draws`` re-noised copies of the inputs.
+
+    Each draw adds fresh Gaussian noise of the releases' own scales (``profile_sd`` per owner,
+    ``target_sd`` for g_tilde) to every input and solves again: where the releases cannot tell
+    owners apart, the weights spread over them instead of betting the whole budget on one.
+    Post-processing of released values (``rng`` may be public).
+    """
+    names = sorted(profiles)
+    total = dict.fromkeys(names, 0.0)
+    g = np.asarray(target, dtype=np.float64)
+    for _ in range(draws):
+        noisy = {
+            o: np.asarray(profiles[o], dtype=np.float64)
+            + rng.normal(0.0, profile_sd[o], size=len(g))
+            for o in names
+        }
+        w = mixing_weights(noisy, g + rng.normal(0.0, target_sd, size=len(g)))
+        for o in names:
+            total[o] += w[o] / draws
+    return total
+
+
+def quotas(
+    weights: Mapping[str, float], budget: int, caps: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Split ``budget`` points into integers proportional to ``weights`` (largest remainder;
+    ties to the smaller name), no owner above its cap (its record count): what a capped owner
+    cannot supply goes to the others in proportion to their weights (water-filling; owners of
+    weight zero share it equally when nobody else can take it). The quotas sum to
+    ``min(budget, sum of caps)``."""
+    if budget < 0 or not weights:
+        raise ValueError(f"need budget >= 0 and at least one owner, got {budget}, {weights}")
+    names = sorted(weights)
+    cap = np.array([budget if caps is None else max(0, int(caps.get(o, 0))) for o in names])
+    share = np.array([max(0.0, float(weights[o])) for o in names])
+    out = np.zeros(len(names), dtype=np.int64)
+    left = min(budget, int(cap.sum()))
+    while left > 0:
+        open_ = out < cap
+        w = np.where(open_, share, 0.0)
+        if not w.sum() > 0:
+            w = open_.astype(np.float64)
+        exact = w / w.sum() * left
+        add = np.minimum(np.floor(exact).astype(np.int64), cap - out)
+        if add.sum() == 0:  # hand out the remainder one by one, largest remainder first
+            order = sorted(np.flatnonzero(open_), key=lambda i: (-(exact[i] % 1), names[i]))
+            add[order[0]] = 1
+        out += add
+        left -= int(add.sum())
+    return {o: int(k) for o, k in zip(names, out, strict=True)}
+
+
+def plan_allocation(
+    eps_owner: float, delta: float, p: int, max_points: int | None = None
+) -> dict[str, Any]:
+    """CuratorParams overrides of allocate-select on top of a herding plan (plan.py).
+
+    The profile is the only owner event of the run, so its noise multiplier is the one that
+    spends ``eps_owner`` at ``delta`` (analytic Gaussian, a 1e-4 margin for the PLD's
+    round-off); ``max_points`` defaults to ``ceil(1.5 p)``, and the epoch limit lets one owner
+    deliver the whole budget.
+    """
+    budget = math.ceil(1.5 * p) if max_points is None else int(max_points)
+    if budget < p:
+        raise ValueError(f"max_points must be >= p = {p}, got {budget}")
+    return {
+        "allocate": True,
+        "allocation_sigma": gaussian_noise_multiplier(eps_owner * (1.0 - 1e-4), delta),
+        "max_points": budget,
+        "final_selection": "exact",
+        "explore_share": 0.0,
+        "max_epochs": budget + 10,  # one owner may hold the whole budget, one point per epoch
+    }
+
+
+class AllocationCycle:
+    """The curator's side of allocate-select (module docstring); state owned by the Curator."""
+
+    params: CuratorParams
+    owners: list[str]
+    live: set[str]
+    ledgers: dict[str, PrivacyLedger]
+    pool: PurchasedPool
+    transfers: TransferCounter
+    _g_validation: F64
+    _H_seed: npt.NDArray[np.float32]
+    validation_size: int
+    profiles: dict[str, F64]
+    records: dict[str, int]
+    quotas: dict[str, int] | None
+
+    def _frame(self) -> ProfileFrame:
+        """The public profile frame (:func:`profile_frame`), recomputed from public values."""
+        cached: ProfileFrame | None = getattr(self, "_frame_cache", None)
+        if cached is None:
+            dims = min(self.params.allocation_dims, self.params.d)
+            cached = profile_frame(self._g_validation, self._H_seed, dims)
+            self._frame_cache = cached
+        return cached
+
+    def _profiling(self, number: int) -> bool:
+        """Epoch 1 of an allocate run collects the owners' DP profiles."""
+        return self.params.allocate and number == 1
+
+    def _epoch_body(
+        self, owner: str, number: int, g_summary: F64, q: int, explore: bool
+    ) -> EpochBody:
+        """What ``owner`` receives when epoch ``number`` opens (or is re-sent on resume)."""
+        p = self.params
+        if not p.allocate:
+            return EpochBody(g_summary, q, explore=explore)
+        if number == 1:
+            frame = self._frame()
+            return EpochBody(
+                np.zeros(p.d), 0, profile_sigma=p.allocation_sigma, profile_clip=frame.radius,
+                profile_basis=frame.basis.ravel(), profile_center=frame.center,
+            )  # fmt: skip
+        g, q_own = self._own_direction(owner, number)
+        return EpochBody(g, q_own)
+
+    def _own_direction(self, owner: str, number: int) -> tuple[F64, int]:
+        """Mean h1 of the points ``owner`` delivered before epoch ``number``, and their count."""
+        rows = [e.hashed for e in self.pool.entries if e.owner == owner and e.epoch < number]
+        if not rows:
+            return np.zeros(self.params.d), 0
+        H = np.asarray(rows, dtype=np.float64)
+        return np.asarray(H.mean(axis=0), dtype=np.float64), len(rows)
+
+    def _take_profile(self, owner: str, mean: npt.ArrayLike, records: int) -> None:
+        """Keep ``owner``'s profile (the first one received counts; a resend is ignored)."""
+        g = np.asarray(mean, dtype=np.float64)
+        k = len(self._frame().basis)
+        if g.shape != (k,) or not np.isfinite(g).all():
+            raise RemoteProtocolError(
+                f"summary.profile.mean: expected {k} finite values, got shape {g.shape}"
+            )
+        self.profiles.setdefault(owner, g)
+        self.records.setdefault(owner, int(records))
+
+    def _allocate(self) -> None:
+        """Charge every profile received and fix the quotas (once)."""
+        if self.quotas is not None:
+            return
+        p = self.params
+        for owner in sorted(self.profiles):
+            self.ledgers[owner].gaussian(
+                p.allocation_sigma, 1.0, label="allocation profile: mean h1, sensitivity "
+                "2 clip / n_i (units)", neighbouring="replace one record of this owner",
+            )  # fmt: skip
+        budget = p.max_points if p.max_points is not None else math.ceil(1.5 * p.p)  # checked
+        frame = self._frame()
+        target = frame.basis @ (self._g_validation - frame.center)
+        sd = {
+            o: profile_scale(p.allocation_sigma, frame.radius, self.records.get(o, 0))
+            for o in self.profiles
+        }
+        target_sd = p.validation_sigma * p.sensitivity * p.clip_norm / self.validation_size
+        public = np.random.default_rng([p.h1_seed & (2**63 - 1), 18])
+        weights = (
+            smoothed_weights(self.profiles, target, sd, target_sd, public) if self.profiles else {}
+        )
+        for owner in self.owners:  # an owner without a profile gets no quota
+            weights.setdefault(owner, 0.0)
+        caps = {o: self.records.get(o, 0) for o in self.owners}
+        self.quotas = quotas(weights, budget, caps)
+
+    def _quota_left(self, owner: str) -> int:
+        if self.quotas is None:
+            return 0
+        used = sum(1 for o, _ in self.transfers.deliveries if o == owner)
+        return self.quotas.get(owner, 0) - used
