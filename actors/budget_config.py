@@ -193,3 +193,25 @@ def parse_consumer(path: str, privacy: dict[str, Any], table: object) -> OwnerBu
         _epsilon(path, "[consumer].budget.epsilon", budget["epsilon"]),
         _delta(path, "[consumer].budget.delta", budget["delta"]),
     )
+
+
+def parse_budget_tables(
+    path: str,
+    data: dict[str, Any],
+    owners: tuple[str, ...],
+    delta: float,
+    other_keys: frozenset[str] = frozenset(),
+) -> tuple[dict[str, OwnerBudget], OwnerBudget | None]:
+    """A market config's budgets: the owners' (:func:`parse_budgets`) and the consumer's
+    (:func:`parse_consumer`). allocate-select's profile reads every record of an owner, retired
+    blocks included, so it is refused together with blocks."""
+    privacy = data.get("privacy", {})
+    budgets = parse_budgets(path, privacy, data.get("owners", {}), owners, delta, other_keys)
+    summary = data.get("summary", {})
+    allocate = isinstance(summary, dict) and summary.get("allocate") is True
+    if allocate and any(b.block_records for b in budgets.values()):
+        raise ConfigError(
+            f"{path}: [summary].allocate: allocate-select's profile reads every record, "
+            "retired blocks ([privacy].block_records) included: use one or the other"
+        )
+    return budgets, parse_consumer(path, privacy, data.get("consumer", {}))

@@ -18,8 +18,7 @@ from dpmarket.actors.budget_config import (
     BUDGET_PRIVACY_KEYS,
     OWNER_BUDGET_KEYS,
     OwnerBudget,
-    parse_budgets,
-    parse_consumer,
+    parse_budget_tables,
 )
 from dpmarket.actors.config_checks import ConfigError
 from dpmarket.actors.placement import PLACEMENT_KEYS, Placement, parse_placements
@@ -315,10 +314,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         path=name,
         placement=parse_placements(name, data.get("owners", {}), owners, OWNER_BUDGET_KEYS),
     )
-    budgets = parse_budgets(
-        name, data.get("privacy", {}), data.get("owners", {}), owners, config.delta, PLACEMENT_KEYS
-    )
-    consumer = parse_consumer(name, data.get("privacy", {}), data.get("consumer", {}))
+    budgets, consumer = parse_budget_tables(name, data, owners, config.delta, PLACEMENT_KEYS)
     config = dataclasses.replace(config, budgets=budgets, consumer_budget=consumer)
     m = config.data.get("n_validation", 500)  # m is known at run time; any m checks the keys
     try:

@@ -94,11 +94,13 @@ class OwnerActor:
         delays: dict[str, float] | None = None,
         dca: OperatorTrust | None = None,
         budgets: dict[str, BudgetGate] | None = None,
+        profile_floor: float | None = None,
     ) -> None:
         """``dca``: the operator's trust anchors for the secure sum (actors/dcaowner.py), given
         here and nowhere else; without them the owner takes no part in a secure sum.
         ``budgets``: per owner, its store, cap and the summary phase's planned charge
-        (actors/owner_budget.py): such an owner charges its own ledger before contributing."""
+        (actors/owner_budget.py): such an owner charges its own ledger before contributing.
+        ``profile_floor``: the operator's noise multiplier for allocate-select's profile."""
         if not owners:
             raise ValueError("owners: an owner actor hosts at least one owner")
         delays = delays or {}
@@ -107,7 +109,8 @@ class OwnerActor:
         for name, (X, y) in owners.items():
             # an int means "no records yet, this many features": records arrive by ingestion
             X0 = np.zeros((0, X)) if isinstance(X, int) else X
-            owner = Owner(name, run, X0, y, rng=noise.generator(f"summary:{name}"))
+            rng = noise.generator(f"summary:{name}")
+            owner = Owner(name, run, X0, y, rng=rng, profile_floor=profile_floor)
             hosted = _Hosted(owner, ReplayGuard(), delays.get(name, 0.0))
             if dca is not None:  # noise keyed in this process (OS entropy unless simulated)
                 hosted.dca = OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))

@@ -60,7 +60,14 @@ def run_inprocess(
     simulation ``noise_label`` makes the streams of distinct runs distinct)."""
     source = owner_noise or NoiseSource.secure()
     owners = {
-        name: Owner(name, run_id, X, y, rng=source.generator(f"summary:{noise_label}:{name}"))
+        name: Owner(
+            name,
+            run_id,
+            X,
+            y,
+            rng=source.generator(f"summary:{noise_label}:{name}"),
+            profile_floor=params.profile_floor,
+        )
         for name, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
     }
     curator = Curator(run_id, list(owners), scenario.validation, scenario.seed_set, params, rng)
@@ -175,6 +182,7 @@ def spawn_market(
             faults.delay,
             dca,
             {n: b for n, b in (budgets or {}).items() if n in group},
+            params.profile_floor,
         )
         owners.update(dict.fromkeys(group, handle))
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)

@@ -96,9 +96,12 @@ class Owner:
         X: npt.ArrayLike,
         y: npt.ArrayLike | None = None,
         rng: np.random.Generator | None = None,
+        profile_floor: float | None = None,
     ):
         """``rng``: the owner's secret noise generator, needed only for the allocation profile
-        of allocate-select (protocol/summary/allocate.py)."""
+        of allocate-select (protocol/summary/allocate.py). ``profile_floor``: the operator's
+        noise multiplier for that profile, given at construction (never by the curator): a
+        profile asked with less noise is refused, and without a floor none is released."""
         X_arr = np.asarray(X, dtype=np.float64)
         if X_arr.ndim != 2:
             raise ValueError(f"X: expected a 2-D array of records, got shape {X_arr.shape}")
@@ -122,6 +125,7 @@ class Owner:
         self.epochs_seen = 0
         self.asks = 0
         self._rng = rng
+        self._profile_floor = profile_floor
         self._profile: F64 | None = None  # released once, re-sent unchanged on a resume
         self._table: dict[tuple[str, str], Handler] = {
             # setup is accepted in every state: a resumed run re-sends it to returning owners
@@ -249,6 +253,12 @@ class Owner:
                 raise LocalProtocolError(
                     f"{self.name}: the curator asks for an allocation profile, but this owner "
                     "was given no noise generator"
+                )
+            floor = self._profile_floor
+            if floor is None or not body.profile_sigma >= floor:  # also refuses a nan
+                raise RemoteProtocolError(
+                    f"summary.epoch.profile_sigma: {body.profile_sigma!r} is below the "
+                    f"operator's floor {floor!r} (or no profile was planned): nothing released"
                 )
             assert self._store.HT is not None and self._setup is not None
             d = self._setup.d

@@ -245,6 +245,12 @@ class CuratorParams:
         return 1.0 if self.neighbouring == "add_remove" else 2.0
 
     @property
+    def profile_floor(self) -> float | None:
+        """The noise multiplier an owner requires of its allocation profile (given to it at
+        construction by the operator, protocol/summary/owner.py); None: no profile planned."""
+        return self.allocation_sigma if self.allocate else None
+
+    @property
     def grid_step(self) -> float:
         if self.eta is not None:
             return self.eta

@@ -154,6 +154,8 @@ def planned_owner_ledger(params: CuratorParams) -> PrivacyLedger:
     """Every event one owner's ledger is charged under ``params`` if the run uses all its
     steering epochs (an upper bound: exploration epochs charge nothing)."""
     ledger = PrivacyLedger("owner")
+    if params.allocate:  # allocate-select's profile (allocate.py): sensitivity 1 in its units
+        ledger.gaussian(params.allocation_sigma, 1.0)
     epochs, s, p = params.epoch_limit, params.sensitivity, params.p
     ledger.auction(params.eps_auction, params.auction_variant, count=epochs)
     delta_l2 = params.clip_norm * s

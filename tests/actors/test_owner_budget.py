@@ -46,6 +46,15 @@ def test_config_budgets_default_and_per_owner(tmp_path: Path) -> None:
     assert load_market_config(_config(tmp_path)).budgets == {}
 
 
+def test_allocate_select_is_refused_with_blocks(tmp_path: Path) -> None:
+    privacy = 'ledger_dir = "s"\nowner_budget = 2\nblock_records = 50'
+    path = _config(tmp_path, privacy)
+    assert load_market_config(path).budgets["owner-1"].block_records == 50
+    path.write_text(path.read_text().replace("[summary]\n", "[summary]\nallocate = true\n"))
+    with pytest.raises(ConfigError, match=r"\[summary\].allocate: .*block_records"):
+        load_market_config(path)
+
+
 def test_an_owner_table_holds_its_budget_and_its_placement(tmp_path: Path) -> None:
     """[owners.NAME] is read by two parsers (budget_config, placement): each accepts the
     other's keys, and a key neither knows is refused naming both sets."""

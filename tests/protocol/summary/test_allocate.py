@@ -21,7 +21,7 @@ from dpmarket.protocol.summary.allocate import (
 from dpmarket.protocol.summary.curator import Curator
 from dpmarket.protocol.summary.messages import EpochBody
 from dpmarket.protocol.summary.owner import Owner
-from dpmarket.protocol.wire.errors import LocalProtocolError
+from dpmarket.protocol.wire.errors import LocalProtocolError, RemoteProtocolError
 from dpmarket.streams.synthetic import Scenario
 from tests.small import small_curator, small_params, small_scenario
 
@@ -102,7 +102,9 @@ def _allocate_run(scenario: Scenario, seed: int) -> tuple[Curator, list[Owner]]:
     params = dataclasses.replace(base, **plan_allocation(0.8, 1e-5, base.p, 15))
     curator = small_curator(RUN, scenario, params, seed)
     owners = [
-        Owner(n, RUN, X, y, rng=np.random.default_rng([seed, i]))
+        Owner(
+            n, RUN, X, y, rng=np.random.default_rng([seed, i]), profile_floor=params.profile_floor
+        )
         for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True))
     ]
     transport = LoopbackTransport([curator, *owners])
@@ -151,6 +153,25 @@ def test_an_owner_without_a_noise_generator_refuses_to_release_a_profile(
         owner._release_profile(body)
 
 
+@pytest.mark.parametrize("floor,asked", [(None, 1.0), (2.0, 1.0), (2.0, 0.0)])
+def test_an_owner_refuses_a_profile_below_the_operators_floor(
+    scenario: Scenario, floor: float | None, asked: float
+) -> None:
+    """Adversary view: a curator (or relay) asking for a profile with less noise than the
+    operator fixed at the owner's construction, or for one never planned, gets nothing; the
+    owner's generator is not touched."""
+    X, y = scenario.owners[0]
+    rng = np.random.default_rng(3)
+    owner = Owner("owner-1", RUN, X, y, rng=rng, profile_floor=floor)
+    frame = _frame(d=16, k=2)
+    body = EpochBody(np.zeros(16), 0, profile_sigma=asked, profile_clip=0.5,
+                     profile_basis=frame.basis.ravel(), profile_center=frame.center)  # fmt: skip
+    state = rng.bit_generator.state
+    with pytest.raises(RemoteProtocolError, match="below the operator's floor"):
+        owner._release_profile(body)
+    assert owner._profile is None and rng.bit_generator.state == state
+
+
 def test_a_curious_owner_sees_another_owner_only_through_its_profile(scenario: Scenario) -> None:
     """Adversary view: owner A records every frame it receives. Owner B's records change
     while B's released profile is held fixed; A's frames and ledger stay byte-identical."""
@@ -170,7 +191,8 @@ def test_a_curious_owner_sees_another_owner_only_through_its_profile(scenario: S
         for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True)):
             if n == b and variant:  # B now holds another distribution's records
                 X, y = scenario.owners[2][0] + 0.5, scenario.owners[2][1]
-            owners.append(Owner(n, RUN, X, y, rng=np.random.default_rng([5, i])))
+            rng = np.random.default_rng([5, i])
+            owners.append(Owner(n, RUN, X, y, rng=rng, profile_floor=params.profile_floor))
         if fixed is not None:
             owners[1]._profile = fixed.copy()  # B's release, as published in the first run
         seen: list[Message] = []

@@ -26,9 +26,9 @@ def scenario() -> Scenario:
     return small_scenario(5)
 
 
-def _owners(scenario: Scenario, seed: int = 0) -> list[Owner]:
+def _owners(scenario: Scenario, seed: int = 0, floor: float | None = None) -> list[Owner]:
     return [
-        Owner(n, RUN, X, y, rng=np.random.default_rng([seed, i]))
+        Owner(n, RUN, X, y, rng=np.random.default_rng([seed, i]), profile_floor=floor)
         for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True))
     ]
 
@@ -101,7 +101,7 @@ def test_allocate_select_buys_exactly_its_budget_and_resumes_within_it(scenario:
     base = _select(scenario, explore_share=0.0)
     params = dataclasses.replace(base, **plan_allocation(1.0, 1e-5, base.p, 15))
     curator = small_curator(RUN, scenario, params, 3)
-    _run(curator, _owners(scenario), curator.start())
+    _run(curator, _owners(scenario, floor=params.profile_floor), curator.start())
     assert curator.state == "done"
     assert curator.quotas is not None and sum(curator.quotas.values()) == 15
     assert curator.transfers.distinct_points <= 15 and len(curator.result().provenance) == 10
@@ -110,14 +110,14 @@ def test_allocate_select_buys_exactly_its_budget_and_resumes_within_it(scenario:
     names = list(scenario.owner_names)
     second = small_curator(RUN, scenario, dataclasses.replace(params, max_lost=1), 3)
     faults = FaultPlan(kill_at={names[0]: 4, names[2]: 4})
-    _run(second, _owners(scenario), second.start(), faults)
+    _run(second, _owners(scenario, floor=params.profile_floor), second.start(), faults)
     assert second.state == "refused"
     snap = json.loads(json.dumps(snapshot_curator(second)))
     resumed = restore_curator(
         snap, scenario.validation, scenario.seed_set, rng=np.random.default_rng(4)
     )
     assert resumed.quotas == second.quotas
-    _run(resumed, _owners(scenario), resumed.resume())
+    _run(resumed, _owners(scenario, floor=params.profile_floor), resumed.resume())
     assert resumed.state == "done" and resumed.transfers.distinct_points <= 15
     # the profile is charged once per owner, not again on resume
     for owner in names:
