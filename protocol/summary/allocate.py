@@ -40,8 +40,9 @@ n_i is fixed and sending it reveals nothing under that relation):
   records, and finds another owner's frames byte-identical).
 * The points sold are the purchase itself, as in every mechanism: they are delivered to the
   curator in the clear (trusted mode) and are not a DP release; the budget bounds how many.
-* An owner uses the noise multiplier the curator sends; a deployment should have owners refuse
-  a multiplier below the one their own budget requires (not implemented).
+* The noise multiplier the curator sends is checked by the owner against the operator's floor
+  (``CuratorParams.profile_floor``, given to the owner at construction, protocol/summary/
+  owner.py): a lower one, or a profile the plan does not contain, is refused and nothing drawn.
 * g_tilde: the validation set's one Gaussian release (releases.py), charged there.
 """
 
