@@ -10,8 +10,8 @@ ledger and against the coalition (max over trials of the per-trial max, and the 
 T used (mean, max) against T. ``study.json`` holds the rows, the study's settings, each
 cell's refusals by epoch and, per
 combination of the other axes, the smallest T whose interval's lower end reaches 0.99 (and the
-smallest whose estimate does). ``study.parquet`` only when pyarrow is installed (it is not a
-dependency: the CSV holds the same table).
+smallest whose estimate does). ``study.parquet`` holds the same table as ``study.csv``, typed
+(pyarrow).
 """
 
 from __future__ import annotations
@@ -159,22 +159,17 @@ def _json_safe(value: Any) -> Any:
 
 
 def write_study(study: StudyConfig, results: list[dict[str, Any]], out: Path) -> dict[str, Any]:
-    """study.csv, study.json, study.parquet (with pyarrow) and the plots; returns the JSON."""
+    """study.csv, study.json, study.parquet and the plots; returns the JSON."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     table = summarise(study, results)
     with (out / "study.csv").open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(table[0]))
         writer.writeheader()
         writer.writerows(table)
-    files = ["study.csv", "study.json"]
-    try:
-        import pyarrow as pa  # type: ignore[import-not-found,unused-ignore]
-        import pyarrow.parquet as pq  # type: ignore[import-not-found,unused-ignore]
-
-        pq.write_table(pa.Table.from_pylist(table), out / "study.parquet")
-        files.append("study.parquet")
-        parquet = "written"
-    except ImportError:
-        parquet = "not written: pyarrow is not installed (study.csv holds the same table)"
+    pq.write_table(pa.Table.from_pylist(table), out / "study.parquet")
+    files = ["study.csv", "study.parquet", "study.json"]
     from dpmarket.actors.study_plots import write_plots
 
     files += write_plots(table, out)
@@ -189,7 +184,6 @@ def write_study(study: StudyConfig, results: list[dict[str, Any]], out: Path) ->
             "mean": _stat([r["seconds"] for r in results], "mean"),
             "max": _stat([r["seconds"] for r in results], "max"),
         },
-        "parquet": parquet,
         "files": files,
     }
     (out / "study.json").write_text(json.dumps(_json_safe(doc), indent=1), encoding="utf-8")

@@ -86,8 +86,6 @@ def run_study_command(args: argparse.Namespace) -> int:
                 f"finishing w.p. {line['target']}: {line['t_interval']} (95% interval), "
                 f"{line['t_estimate']} (estimate)"
             )
-    if doc["parquet"] != "written":
-        print(f"dpmarket: study.parquet {doc['parquet']}", file=sys.stderr)
     code = 0
     if args.actors:
         from dpmarket.actors.study_actors import compare_with_actors

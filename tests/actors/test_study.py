@@ -6,6 +6,7 @@ import csv
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from scipy.stats import binom
 
@@ -121,6 +122,10 @@ def test_interrupted_study_resumes_to_the_same_table(tmp_path: Path) -> None:
     for name in ("study.json", "completion_vs_dropout.png", "epsilon_vs_coalition.png",
                  "utility_vs_dropout.png"):  # fmt: skip
         assert (whole / name).stat().st_size > 0
+    parquet = pq.read_table(whole / "study.parquet")  # the CSV's table, typed
+    csv_rows = _table(whole)
+    assert parquet.column_names == list(csv_rows[0]) and parquet.num_rows == len(csv_rows)
+    assert [str(r["cell"]) for r in parquet.to_pylist()] == [r["cell"] for r in csv_rows]
     first = run_study(study, parts, serial=True, batch=1, limit=2)  # interrupted
     assert len(first) == 2
     with (parts / RESULTS_FILE).open("a", encoding="utf-8") as fh:
