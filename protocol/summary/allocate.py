@@ -186,6 +186,12 @@ def mixing_weights(
     return {o: float(v) / total for o, v in zip(names, w, strict=True)}
 
 
+def smoothing_generator(h1_seed: int) -> np.random.Generator:
+    """The public generator of :func:`smoothed_weights`' re-noising: seeded by h1's public seed
+    only (post-processing of released values; a resumed allocation draws the same)."""
+    return np.random.default_rng([int(h1_seed) & (2**63 - 1), 18])
+
+
 def smoothed_weights(
     profiles: Mapping[str, npt.ArrayLike],
     target: npt.ArrayLike,
@@ -351,7 +357,7 @@ class AllocationCycle:
             for o in self.profiles
         }
         target_sd = p.validation_sigma * p.sensitivity * p.clip_norm / self.validation_size
-        public = np.random.default_rng([p.h1_seed & (2**63 - 1), 18])
+        public = smoothing_generator(p.h1_seed)
         weights = (
             smoothed_weights(self.profiles, target, sd, target_sd, public) if self.profiles else {}
         )

@@ -147,6 +147,7 @@ _GLOBAL_STATE = {
 _PUBLIC_DRAWS = {
     ("protocol/summary/h1.py", "__init__"),  # RandomFourierFeatures: h1's public features
     ("protocol/summary/selection.py", "exploration_generator"),
+    ("protocol/summary/allocate.py", "smoothing_generator"),  # re-noising released profiles
     ("protocol/summary/releases.py", "public_candidates"),
     ("protocol/summary/audit.py", "_hashed_pair"),  # the audit's fixed public data set
     ("streams/race/lsh.py", "__init__"),  # the LSH functions of a sketch
