@@ -3,8 +3,8 @@ started with ``ray start`` (own ports, own short temp dir: Ray's socket paths mu
 bytes, which tmp_path's do not; removed at the end; stopped by PID), owners placed
 by custom resource, the market submitted with ``ray job submit`` and the shipped code, the second
 raylet's processes killed mid-run: exit 0 within T, exit 3 above T, then ``resume`` completes
-once the node is back. Token authentication is disabled for this throwaway cluster
-(RAY_AUTH_MODE=disabled), so no token file of the machine's user is read or written."""
+once the node is back. Token authentication is as the machine has it (on when a token file
+exists): Ray caches the mode per process, and the session's local instance must keep working."""
 
 from __future__ import annotations
 
@@ -30,15 +30,17 @@ SITES = {"owner-1": "site_a", "owner-2": "site_a", "owner-3": "site_b", "owner-4
 
 
 @pytest.fixture
-def raylets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RayletCluster]:
+def raylets(tmp_path: Path) -> Iterator[RayletCluster]:
     import ray
 
     from dpmarket.actors.cluster import connect
 
     was_connected = ray.is_initialized()
     ray.shutdown()
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # Ray's auth mode is left as this machine has it (token auth when ~/.ray/auth_token
+    # exists): Ray caches the mode per process, so a test that switched it would leave the
+    # session's local instance, started again below, unable to run an actor.
+    saved = {"RAY_ADDRESS": os.environ.pop("RAY_ADDRESS", None)}
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     cluster = RayletCluster(Path(tempfile.mkdtemp(prefix="dpr-", dir="/tmp")), env)
     try:
@@ -50,6 +52,11 @@ def raylets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RayletC
         ray.shutdown()
         cluster.stop()
         shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         if was_connected:
             connect(num_cpus=2)
 
@@ -133,6 +140,17 @@ def _placement_seen(cluster: RayletCluster, run: str) -> dict[str, str]:
     return {a.name.split(":")[-1]: a.node_id for a in actors if a.state == "ALIVE"}
 
 
+def _wait_until_declared_dead(node_id: str, timeout: float = 180.0) -> None:
+    """Until the GCS marks the killed node dead (its heartbeats time out): an operator brings a
+    site back after that, and before it an actor placed on site_b could land on the corpse."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+        assert time.monotonic() < deadline, f"node {node_id} still alive {timeout:.0f} s on"
+        time.sleep(0.5)
+
+
 def _run_and_kill_site_b(
     cluster: RayletCluster, root: Path, files: dict[str, Path], run: str, tolerance: int
 ) -> tuple[int, str, dict[str, str]]:
@@ -150,6 +168,7 @@ def _run_and_kill_site_b(
     site_b.kill()
     cluster.nodes.remove(site_b)
     code, output = _exit_code(cluster, run, job)
+    _wait_until_declared_dead(nodes["site_b"])
     return code, output, {o: seen[o] for o in SITES} | {f"node:{s}": i for s, i in nodes.items()}
 
 
