@@ -64,10 +64,7 @@ def write_plots(table: list[dict[str, Any]], out: Path) -> list[str]:
     ax.set(xlabel="dropout probability per owner", ylabel="P(run completes)", ylim=(-0.02, 1.02))
     ax.set_title("completion vs dropout (95% Clopper-Pearson)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "completion_vs_dropout.png", dpi=120)
-    plt.close(fig)
-    names.append("completion_vs_dropout.png")
+    names.append(_save(fig, out / "completion_vs_dropout.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for t, (xs, ys) in _series(table, "colluders", "tolerance", "eps_coalition_max").items():
@@ -77,10 +74,7 @@ def write_plots(table: list[dict[str, Any]], out: Path) -> list[str]:
     ax.set(xlabel="colluding owners", ylabel="honest owner's epsilon (max in a cell)")
     ax.set_title("epsilon vs coalition size")
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out / "epsilon_vs_coalition.png", dpi=120)
-    plt.close(fig)
-    names.append("epsilon_vs_coalition.png")
+    names.append(_save(fig, out / "epsilon_vs_coalition.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for who, (xs, ys) in _series(table, "dropout", "who_fails", "gap_closed_mean").items():
@@ -89,8 +83,15 @@ def write_plots(table: list[dict[str, Any]], out: Path) -> list[str]:
     ax.set_title("utility of completed runs vs dropout")
     if ax.lines:
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "utility_vs_dropout.png", dpi=120)
-    plt.close(fig)
-    names.append("utility_vs_dropout.png")
+    names.append(_save(fig, out / "utility_vs_dropout.png"))
     return names
+
+
+def _save(fig: Any, path: Path) -> str:
+    """Lay out, write and close one figure; its file name."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path.name
