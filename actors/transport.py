@@ -135,7 +135,9 @@ class LoopbackTransport:
     def tick(self) -> None:
         """Give every party the current time so deadlines can fire."""
         for party in self.parties.values():
-            self.send(party.expire(self.now))
+            out = party.expire(self.now)
+            if out:
+                self.send(out)
 
     def run_until(self, done: Callable[[], bool], max_seconds: float = 1e6) -> None:
         """Deliver frames and fire deadlines until ``done()`` or the simulated time limit."""

@@ -5,9 +5,11 @@ the functions that enforce them, shared by construction (``LocalProtocolError``)
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
@@ -26,6 +28,7 @@ __all__ = [
     "MAX_STR_LEN",
     "MAX_TEXT_BYTES",
     "MIN_INT",
+    "Checker",
     "Count",
     "ErrorType",
     "Positive",
@@ -37,6 +40,7 @@ __all__ = [
     "check_counter",
     "check_str",
     "check_value",
+    "compile_check",
     "plain",
     "show",
     "supported",
@@ -138,6 +142,8 @@ def supported(hint: Any) -> bool:
 
 
 def _utf8_len(name: str, value: str, err: ErrorType) -> int:
+    if value.isascii():
+        return len(value)
     try:
         return len(value.encode("utf-8"))
     except UnicodeEncodeError:
@@ -179,56 +185,102 @@ def check_array(name: str, value: object, err: ErrorType) -> None:
         raise err(f"{name}: contains NaN or infinity")
 
 
+Checker = Callable[[str, object, ErrorType], object]
+
+
 def check_value(name: str, hint: Any, value: object, err: ErrorType) -> object:
     """Check ``value`` against a type hint; return it (ints widened to float where asked)."""
+    return compile_check(hint)(name, value, err)
+
+
+@functools.cache
+def compile_check(hint: Any) -> Checker:
+    """The check of one type hint as a function, built once per hint: the codec checks every
+    field of every frame, so the hint is taken apart here rather than on each value."""
     origin = typing.get_origin(hint)
     if origin is Annotated:
-        checked = check_value(name, plain(hint), value, err)
-        for rule in typing.get_args(hint)[1:]:
-            rule.check(name, checked, err)
-        return checked
+        inner, rules = compile_check(plain(hint)), typing.get_args(hint)[1:]
+
+        def annotated(name: str, value: object, err: ErrorType) -> object:
+            checked = inner(name, value, err)
+            for rule in rules:
+                rule.check(name, checked, err)
+            return checked
+
+        return annotated
     if origin in (Union, types.UnionType):
         args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return check_value(name, inner[0], value, err)
+        allow_none = type(None) in args
+        some = compile_check(next(a for a in args if a is not type(None)))
+
+        def optional(name: str, value: object, err: ErrorType) -> object:
+            return None if value is None and allow_none else some(name, value, err)
+
+        return optional
     if origin is tuple:
-        item_hint = typing.get_args(hint)[0]
-        if not isinstance(value, (tuple, list)):
-            raise err(f"{name}: expected a list, got {type(value).__name__}")
-        if len(value) > MAX_LIST_LEN:
-            raise err(f"{name}: {len(value)} items, at most {MAX_LIST_LEN}")
-        return tuple(check_value(f"{name}[{i}]", item_hint, v, err) for i, v in enumerate(value))
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise err(f"{name}: expected a boolean, got {type(value).__name__}")
-        return value
-    if hint is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise err(f"{name}: expected an integer, got {type(value).__name__}")
-        if not MIN_INT <= value <= MAX_INT:
-            raise err(f"{name}: integer {value} out of the 64-bit range")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise err(f"{name}: expected a number, got {type(value).__name__}")
-        if isinstance(value, int) and not MIN_INT <= value <= MAX_INT:
-            raise err(f"{name}: integer {value} out of the 64-bit range")
-        if not math.isfinite(value):
-            raise err(f"{name}: must be finite, got {value}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise err(f"{name}: expected a string, got {type(value).__name__}")
-        if _utf8_len(name, value, err) > MAX_TEXT_BYTES:
-            raise err(f"{name}: string of {len(value)} characters is too long")
-        return value
-    if hint is bytes:
-        if not isinstance(value, bytes):
-            raise err(f"{name}: expected bytes, got {type(value).__name__}")
-        return value
-    if hint is np.ndarray or typing.get_origin(hint) is np.ndarray:
-        check_array(name, value, err)
-        return value
-    raise err(f"{name}: unsupported field type {hint!r}")  # pragma: no cover - see register
+        item = compile_check(typing.get_args(hint)[0])
+
+        def items(name: str, value: object, err: ErrorType) -> object:
+            if not isinstance(value, (tuple, list)):
+                raise err(f"{name}: expected a list, got {type(value).__name__}")
+            if len(value) > MAX_LIST_LEN:
+                raise err(f"{name}: {len(value)} items, at most {MAX_LIST_LEN}")
+            return tuple(item(f"{name}[{i}]", v, err) for i, v in enumerate(value))
+
+        return items
+    if hint is np.ndarray or origin is np.ndarray:
+        return _array
+    simple = _SIMPLE.get(hint)
+    if simple is not None:
+        return simple
+
+    def unsupported(name: str, value: object, err: ErrorType) -> object:  # pragma: no cover
+        raise err(f"{name}: unsupported field type {hint!r}")  # register refuses such fields
+
+    return unsupported
+
+
+def _bool(name: str, value: object, err: ErrorType) -> object:
+    if not isinstance(value, bool):
+        raise err(f"{name}: expected a boolean, got {type(value).__name__}")
+    return value
+
+
+def _int(name: str, value: object, err: ErrorType) -> object:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise err(f"{name}: expected an integer, got {type(value).__name__}")
+    if not MIN_INT <= value <= MAX_INT:
+        raise err(f"{name}: integer {value} out of the 64-bit range")
+    return value
+
+
+def _float(name: str, value: object, err: ErrorType) -> object:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise err(f"{name}: expected a number, got {type(value).__name__}")
+    if isinstance(value, int) and not MIN_INT <= value <= MAX_INT:
+        raise err(f"{name}: integer {value} out of the 64-bit range")
+    if not math.isfinite(value):
+        raise err(f"{name}: must be finite, got {value}")
+    return float(value)
+
+
+def _text(name: str, value: object, err: ErrorType) -> object:
+    if not isinstance(value, str):
+        raise err(f"{name}: expected a string, got {type(value).__name__}")
+    if _utf8_len(name, value, err) > MAX_TEXT_BYTES:
+        raise err(f"{name}: string of {len(value)} characters is too long")
+    return value
+
+
+def _bytes(name: str, value: object, err: ErrorType) -> object:
+    if not isinstance(value, bytes):
+        raise err(f"{name}: expected bytes, got {type(value).__name__}")
+    return value
+
+
+def _array(name: str, value: object, err: ErrorType) -> object:
+    check_array(name, value, err)
+    return value
+
+
+_SIMPLE: dict[Any, Checker] = {bool: _bool, int: _int, float: _float, str: _text, bytes: _bytes}

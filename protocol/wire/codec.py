@@ -13,9 +13,9 @@ built: :mod:`.limits`) holding the envelope
 dataclass's type hints. numpy arrays travel as ``{"dtype": "<f4", "shape": [..], "data": bytes}``
 with a dtype allow-list (never pickle, never object arrays) and a byte cap (which also bounds the
 extents of empty arrays); boolean data must be bytes 0/1. Floats must be finite. Decoded arrays
-are read-only views of ``bytes`` the message owns, never of the caller's buffer. ``encode``
-re-checks the body (its arrays may have been mutated since construction), so every frame it
-emits is one ``decode`` accepts.
+are read-only views of ``bytes`` the message owns, never of the caller's buffer. Bodies are
+frozen dataclasses checked when built; ``encode`` re-checks their arrays (the one thing that can
+change in place after construction), so every frame it emits is one ``decode`` accepts.
 
 ``decode`` either returns a valid :class:`Message` or raises :class:`RemoteProtocolError` naming
 the offending field; it never raises anything else (a hypothesis test feeds it random and mutated
@@ -62,12 +62,12 @@ from dpmarket.protocol.wire.checks import (
     MAX_LIST_LEN,
     MAX_STR_LEN,
     MIN_INT,
+    Checker,
     ErrorType,
     capacity,
-    check_array,
     check_counter,
     check_str,
-    check_value,
+    compile_check,
     plain,
     show,
     supported,
@@ -113,14 +113,30 @@ _HINTS: dict[type[Body], dict[str, Any]] = {}
 B = TypeVar("B", bound=type[Body])
 
 
+@dataclass(frozen=True, slots=True)
+class _Field:
+    """One body field as the codec uses it, taken apart once in ``register``."""
+
+    name: str
+    label: str  # "kind.field" in error messages
+    check: Checker
+    read: Callable[[str, object], object]  # wire value -> constructor argument
+    spec: dataclasses.Field[Any]
+
+
+_FIELDS: dict[type[Body], tuple[_Field, ...]] = {}
+_NAMES: dict[type[Body], frozenset[str]] = {}
+_ARRAYS: dict[type[Body], tuple[_Field, ...]] = {}  # fields holding arrays: mutable in place
+
+
 def register(kind: str) -> Callable[[B], B]:
     """Class decorator: register a frozen dataclass body under ``kind`` (never reuse a kind)."""
 
     def wrap(cls: B) -> B:
         if kind in _REGISTRY:
             raise ValueError(f"message kind {kind!r} is already registered")
-        if not dataclasses.is_dataclass(cls):
-            raise ValueError(f"{cls.__name__} must be a dataclass")
+        if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:
+            raise ValueError(f"{cls.__name__} must be a frozen dataclass")
         hints = typing.get_type_hints(cls, include_extras=True)  # value rules kept
         for f in dataclasses.fields(cls):
             if not supported(hints[f.name]):
@@ -128,6 +144,13 @@ def register(kind: str) -> Callable[[B], B]:
         cls.KIND = kind
         _REGISTRY[kind] = cls
         _HINTS[cls] = hints
+        _FIELDS[cls] = tuple(
+            _Field(f.name, f"{kind}.{f.name}", compile_check(hints[f.name]),
+                   _wire_reader(hints[f.name]), f)
+            for f in dataclasses.fields(cls)
+        )  # fmt: skip
+        _NAMES[cls] = frozenset(f.name for f in _FIELDS[cls])
+        _ARRAYS[cls] = tuple(f for f in _FIELDS[cls] if f.read is not _raw)
         return cls
 
     return wrap
@@ -162,13 +185,15 @@ class Message:
         return self.body.KIND
 
 
-def _check_body(body: Body, err: ErrorType) -> None:
-    hints = _HINTS.get(type(body))
-    if hints is None:
-        raise err(f"body: {type(body).__name__} is not a registered message kind")
-    for f in dataclasses.fields(body):  # type: ignore[arg-type]
+def _check_body(body: Body, err: ErrorType, fields: tuple[_Field, ...] | None = None) -> None:
+    """Check ``fields`` of ``body`` (all of them by default)."""
+    if fields is None:
+        fields = _FIELDS.get(type(body))
+        if fields is None:
+            raise err(f"body: {type(body).__name__} is not a registered message kind")
+    for f in fields:
         value = getattr(body, f.name)
-        checked = check_value(f"{body.KIND}.{f.name}", hints[f.name], value, err)
+        checked = f.check(f.label, value, err)
         if checked is not value:
             object.__setattr__(body, f.name, checked)
 
@@ -186,16 +211,17 @@ def _to_wire(value: object) -> object:
 def encode(msg: Message) -> bytes:
     """Encode a message to one msgpack frame that :func:`decode` accepts.
 
-    The body is checked again first (its arrays may have been mutated since construction), so
-    an invalid body raises :class:`LocalProtocolError` here rather than being refused remotely.
+    The body's arrays are checked again first (they may have been mutated in place since
+    construction; every other field of a frozen body was checked when it was built), so an
+    invalid body raises :class:`LocalProtocolError` here rather than being refused remotely.
     """
     if not isinstance(msg, Message):
         raise LocalProtocolError(f"msg: expected a Message, got {type(msg).__name__}")
-    _check_body(msg.body, LocalProtocolError)
+    _check_body(msg.body, LocalProtocolError, _ARRAYS[type(msg.body)])
     body = {
-        f.name: _to_wire(getattr(msg.body, f.name))
-        for f in dataclasses.fields(msg.body)  # type: ignore[arg-type]
-        if not _at_default(f, getattr(msg.body, f.name))
+        f.name: _to_wire(value)
+        for f in _FIELDS[type(msg.body)]
+        if not _at_default(f.spec, value := getattr(msg.body, f.name))
     }
     frame = {
         "v": PROTOCOL_VERSION,
@@ -251,24 +277,35 @@ def _array_from_wire(name: str, raw: object) -> Array:
     if dtype == "|b1" and data.translate(None, b"\x00\x01"):
         raise err(f"{name}: boolean data must be bytes 0 or 1")
     # A read-only view of the frame's own immutable ``bytes``: never aliases a caller's buffer.
-    arr = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(tuple(shape))
-    check_array(name, arr, err)
-    return arr
+    # Finiteness and the field's own rules: the body's check when decode builds it.
+    return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(tuple(shape))
 
 
-def _from_wire(name: str, hint: Any, raw: object) -> object:
+def _raw(name: str, raw: object) -> object:
+    return raw
+
+
+def _wire_reader(hint: Any) -> Callable[[str, object], object]:
+    """How a field of type ``hint`` is rebuilt from its wire value (arrays from their maps, lists
+    of arrays item by item); anything else is passed on as it is, for the field check."""
     origin = typing.get_origin(hint := plain(hint))
     if origin in (Union, types.UnionType):
-        if raw is None:
-            return None
-        hint = plain(next(a for a in typing.get_args(hint) if a is not type(None)))
-        origin = typing.get_origin(hint)
+        some = _wire_reader(next(a for a in typing.get_args(hint) if a is not type(None)))
+        if some is _raw:
+            return _raw
+        return lambda name, raw: None if raw is None else some(name, raw)
     if hint is np.ndarray or origin is np.ndarray:
-        return _array_from_wire(name, raw)
-    if origin is tuple and isinstance(raw, list):
-        item_hint = typing.get_args(hint)[0]
-        return tuple(_from_wire(f"{name}[{i}]", item_hint, v) for i, v in enumerate(raw))
-    return raw
+        return _array_from_wire
+    if origin is tuple:
+        item = _wire_reader(typing.get_args(hint)[0])
+        if item is _raw:
+            return _raw
+        return lambda name, raw: (
+            tuple(item(f"{name}[{i}]", v) for i, v in enumerate(raw))
+            if isinstance(raw, list)
+            else raw
+        )
+    return _raw
 
 
 def _refuse_ext(code: int, data: bytes) -> object:
@@ -300,18 +337,19 @@ def _body_values(kind: str, raw_body: object) -> dict[str, object]:
     """The body's constructor arguments from the wire: strict keys, arrays rebuilt."""
     if not isinstance(raw_body, dict):
         raise RemoteProtocolError(f"body: expected a map for {kind}")
-    cls = _REGISTRY[kind]
-    hints = _HINTS[cls]
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = ", ".join(sorted(map(show, set(raw_body) - set(fields))))
-    if unknown:
+    fields = _FIELDS[_REGISTRY[kind]]
+    extra = raw_body.keys() - _NAMES[_REGISTRY[kind]]
+    if extra:
+        unknown = ", ".join(sorted(map(show, extra)))
         raise RemoteProtocolError(f"{kind}: unknown fields [{unknown}]")
     values: dict[str, object] = {}
-    for name, f in fields.items():
-        if name in raw_body:
-            values[name] = _from_wire(f"{kind}.{name}", hints[name], raw_body[name])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise RemoteProtocolError(f"{kind}.{name}: missing")
+    for f in fields:
+        if f.name in raw_body:
+            values[f.name] = f.read(f.label, raw_body[f.name])
+        elif f.spec.default is dataclasses.MISSING and (
+            f.spec.default_factory is dataclasses.MISSING
+        ):
+            raise RemoteProtocolError(f"{f.label}: missing")
     return values
 
 

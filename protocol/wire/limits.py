@@ -123,10 +123,22 @@ def scan_frame(data: bytes) -> None:
         pending[-1] -= 1
         if pos >= size:
             raise _invalid("truncated")
+        code = data[pos]
+        if code <= 0x7F or code >= 0xFB:  # cached one-byte scalars: no header, no cost
+            pos += 1
+            continue
+        if 0xA0 <= code <= 0xBF:  # a short string (every map key): _header's "str", inline
+            pos += 1 + (code & 0x1F)
+            memory += _STR + (code & 0x1F)
+            if pos > size:
+                raise _invalid("truncated")
+            if memory > budget:
+                raise _refuse(f"would take more than {MEMORY_FACTOR}x its {size} bytes to decode")
+            continue
         kind, length, pos = _header(data, pos)
         memory += _cost(kind, length)
-        if kind in ("str", "bin", "num"):
-            pos += length if kind != "num" else 0
+        if kind in ("str", "bin"):
+            pos += length
             if pos > size:
                 raise _invalid("truncated")
         elif kind in ("arr", "map"):

@@ -645,9 +645,15 @@ def test_register_refuses_duplicates_and_unsupported_types() -> None:
     class Mapping(Body):
         table: dict[str, int]
 
+    @dataclasses.dataclass
+    class Mutable(Body):  # encode re-checks only arrays: every other field must be frozen
+        token: int
+
     before = body_kinds()
     with pytest.raises(ValueError, match="already registered"):
         register("summary.bid")(Twice)
+    with pytest.raises(ValueError, match="Mutable must be a frozen dataclass"):
+        register("test.mutable")(Mutable)
     with pytest.raises(ValueError, match=r"Mapping\.table: unsupported field type"):
         register("test.mapping")(Mapping)
     assert body_kinds() == before
