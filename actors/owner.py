@@ -118,6 +118,33 @@ class OwnerActor:
                 hosted.gate = OwnerGate(name, budgets[name])
             self._hosted[name] = hosted
 
+    async def begin_request(
+        self,
+        run: str,
+        noise: NoiseSource,
+        dca: OperatorTrust | None = None,
+        budgets: dict[str, BudgetGate] | None = None,
+        profile_floor: float | None = None,
+    ) -> dict[str, Any]:
+        """A later purchase on this actor (``[[requests]]``, actors/request_run.py), given by
+        the operator (the driver), never by a curator: per hosted owner a fresh party of run
+        ``run`` holding every record taken in so far (its tailers keep feeding it), a fresh
+        replay guard, a secure-sum client under this request's trust anchors and a gate on the
+        same store (its filter decides over every earlier request's charges). Returns this
+        process's id, to show that the actors outlive requests."""
+        for name, hosted in self._hosted.items():
+            if hosted.gate is not None:
+                hosted.gate.store.close()
+            rng = noise.generator(f"summary:{name}")
+            hosted.party = hosted.party.fork(run, rng, profile_floor)
+            hosted.guard, hosted.errors = ReplayGuard(), []
+            hosted.dca = (
+                None if dca is None else OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))
+            )
+            gate = (budgets or {}).get(name)
+            hosted.gate = None if gate is None else OwnerGate(name, gate)
+        return {"pid": os.getpid()}
+
     def _owner(self, name: str) -> _Hosted:
         hosted = self._hosted.get(name)
         if hosted is None:

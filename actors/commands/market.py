@@ -86,6 +86,11 @@ def _market(args: argparse.Namespace) -> int:
         )
     if outcome.report is not None:
         print_report(outcome.report, outcome.consumer_report)
+    for name, each in outcome.requests.items():  # [[requests]]: one purchase each
+        print(f"request {name}:")
+        if each.report is not None:
+            print_report(each.report, each.consumer_report)
+        print_rejects(each.rejects)
     print_rejects(outcome.rejects)
     print(outcome.message, file=sys.stderr if outcome.exit_code else sys.stdout)
     return outcome.exit_code
