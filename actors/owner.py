@@ -97,7 +97,8 @@ class OwnerActor:
         profile_floor: float | None = None,
     ) -> None:
         """``dca``: the operator's trust anchors for the secure sum (actors/dcaowner.py), given
-        here and nowhere else; without them the owner takes no part in a secure sum.
+        here (or by the operator's :meth:`begin_request`) and never by a curator; without them
+        the owner takes no part in a secure sum.
         ``budgets``: per owner, its store, cap and the summary phase's planned charge
         (actors/owner_budget.py): such an owner charges its own ledger before contributing.
         ``profile_floor``: the operator's noise multiplier for allocate-select's profile."""

@@ -156,7 +156,8 @@ def spawn_market(
     """Spawn one owner actor per owner and the curator actor (Ray must be connected).
 
     ``dca`` is the operator's secure-sum trust anchors (actors/dcaowner.py): every owner actor
-    gets them at construction, the only way they reach an owner; so are ``budgets`` (per owner
+    gets them at construction (for a later request of ``[[requests]]``, from the driver's
+    ``begin_request``: never through a curator); so are ``budgets`` (per owner
     a ``BudgetGate``, actors/owner_budget.py: its store, cap and planned summary charge).
 
     The curator is pinned to this (the driver's) node so its journal lands where the driver can

@@ -158,9 +158,7 @@ class Owner:
             raise ValueError("records must be finite and labels must match the records")
         self._pending.append((X_arr, y_arr))
 
-    def fork(
-        self, run: str, rng: np.random.Generator | None, profile_floor: float | None
-    ) -> Owner:
+    def fork(self, run: str, rng: np.random.Generator | None, profile_floor: float | None) -> Owner:
         """A fresh party of run ``run`` (a later purchase) holding every record this one holds,
         pending ones included, in arrival order, with the same records retired."""
         labels = [self._store.y, *(y for _, y in self._pending)]

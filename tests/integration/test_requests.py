@@ -20,10 +20,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_lo
 
 OWNERS = ("owner-1", "owner-2", "owner-3", "owner-4")
 # One request below costs each owner (normalise, scan and the summary plan, all fixed by the
-# config before the run) EPS_ONE by its Rényi filter at delta 1e-5; two requests EPS_TWO; a
-# third request's normalise round alone would take an owner past EPS_TWO + 0.1. A cap of
-# EPS_TWO + 0.05 therefore admits exactly two requests.
-CAP = 50.0
+# config before the run) about 1.115 by its Rényi filter at delta 1e-5, two requests about
+# 1.573, and a third request's normalise round alone would take an owner to about 1.775. A cap
+# of 1.65 therefore admits exactly two requests: every owner declines the third's normalise
+# round (4 > T = 1) and it is refused.
+CAP = 1.65
 
 
 def _csv(path: Path, X: np.ndarray, y: np.ndarray) -> None:
@@ -66,33 +67,75 @@ def _market(tmp_path: Path, cap: float) -> tuple[Path, list[Path]]:
     return config, files
 
 
-def _append_while(stop: threading.Event, files: list[Path]) -> None:
-    """Append 20 records to every owner's file every 0.3 s (whole lines, one write each)."""
+def _append_while(stop: threading.Event, files: list[Path], out: Path) -> None:
+    """Once the first request has begun (its output folder exists), append 5 records to every
+    owner's file every 0.5 s (whole lines, one write each) until stopped or out of records."""
     rests = [np.load(f.with_suffix(".rest.npy")) for f in files]
+    while not stop.wait(0.05) and not (out / "requests").exists():
+        pass
     at = 0
-    while not stop.wait(0.3) and at < min(len(r) for r in rests):
+    while not stop.wait(0.5) and at < min(len(r) for r in rests):
         for f, rows in zip(files, rests, strict=True):
-            text = "".join(",".join(f"{v:.6f}" for v in row) + "\n" for row in rows[at : at + 20])
+            text = "".join(",".join(f"{v:.6f}" for v in row) + "\n" for row in rows[at : at + 5])
             with f.open("a") as fh:
                 fh.write(text)
-        at += 20
+        at += 5
 
 
 def test_requests_share_owner_actors_and_their_caps(tmp_path: Path) -> None:
     config, files = _market(tmp_path, CAP)
     out, stores = tmp_path / "out", tmp_path / "stores"
     stop = threading.Event()
-    writer = threading.Thread(target=_append_while, args=(stop, files), daemon=True)
+    writer = threading.Thread(target=_append_while, args=(stop, files, out), daemon=True)
     writer.start()
     try:
         code = main(["run", str(config), "--out", str(out)])
     finally:
         stop.set()
         writer.join()
-    index = json.loads((out / "requests.json").read_text())
-    for r in index["requests"]:
-        print(r["name"], r["exit_code"], r["message"])
-    for o in OWNERS:
-        rows = read_store(stores / f"{o}.sqlite")
-        print(o, [(r["label"], r["state"], r["spent_after"]) for r in rows["rows"]])
     assert code == 3
+    index = json.loads((out / "requests.json").read_text())
+    requests = {r["name"]: r for r in index["requests"]}
+    assert {n: r["exit_code"] for n, r in requests.items()} == {"r1": 0, "r2": 0, "r3": 3}
+    assert "refused" in requests["r3"]["message"]
+    # the owner actors were spawned once: two (owners_per_actor = 2), the same processes
+    assert len(set(index["owner_actors"].values())) == 2
+    pids = [requests[n]["owner_pids"] for n in ("r1", "r2", "r3")]
+    assert pids[0] == pids[1] == pids[2] and set(pids[0]) == set(OWNERS)
+    # the earlier requests' results are kept; the refused one wrote no report
+    reports = {
+        n: json.loads((out / "requests" / n / "report.json").read_text()) for n in ("r1", "r2")
+    }
+    private = {
+        n: json.loads((out / "requests" / n / "report.private.json").read_text())
+        for n in ("r1", "r2")
+    }
+    assert not (out / "requests" / "r3" / "report.json").exists()
+    assert reports["r1"]["run"]["name"] == "reqs.r1" and reports["r2"]["run"]["name"] == "reqs.r2"
+    for n in ("r1", "r2"):
+        assert reports[n]["parsimony"]["summary_size"] == 8
+        assert reports[n]["budgets"]["errors"] == []
+    for o in OWNERS:
+        # the owners kept ingesting: by the end of the second request they held more records
+        # (the files grew while the first request ran)
+        first, second = (private[n]["owners"][o]["ingested"] for n in ("r1", "r2"))
+        assert 300 <= first < second <= 600
+        # every request charged the same store; the cap held across them
+        one, two = (reports[n]["budgets"]["owners"][o]["spent"] for n in ("r1", "r2"))
+        assert 1.0 < one < two <= CAP
+        store = read_store(stores / f"{o}.sqlite")
+        assert len(store["runs"]) == 3
+        charged = [r for r in store["rows"] if r["state"] == "charged"]
+        assert [r["label"].split(" (")[0] for r in charged] == [
+            "normalise",
+            "scan",
+            "summary plan: auction",
+        ] * 2
+        assert charged[-1]["spent_after"] == pytest.approx(two)
+        declined = [r for r in store["rows"] if r["state"] == "declined"]
+        assert [r["label"] for r in declined] == ["normalise (secure sum)"]
+    # the consumers: r1 and r3 are the [consumer]'s (one store, two validation charges, the
+    # refused one paid up front), r2 has its own store
+    assert len(read_store(stores / "consumer.sqlite")["runs"]) == 2
+    r2 = read_store(stores / "consumer-r2.sqlite")
+    assert len(r2["runs"]) == 1 and [r["state"] for r in r2["rows"]] == ["charged"]
