@@ -117,6 +117,7 @@ class OwnerActor:
                 hosted.dca = OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))
             if budgets and name in budgets:  # opens (or creates) the owner's own store
                 hosted.gate = OwnerGate(name, budgets[name])
+                hosted.gate.arrived(0, owner.n_records, time.time())  # time-window blocks
             self._hosted[name] = hosted
 
     async def begin_request(
@@ -144,6 +145,8 @@ class OwnerActor:
             )
             gate = (budgets or {}).get(name)
             hosted.gate = None if gate is None else OwnerGate(name, gate)
+            if hosted.gate is not None:  # records taken in without a gate: stamped now
+                hosted.gate.arrived(0, hosted.party.n_records, time.time())
         return {"pid": os.getpid()}
 
     def _owner(self, name: str) -> _Hosted:
@@ -289,9 +292,11 @@ class OwnerActor:
         self, owner: str, X: npt.NDArray[np.float64], y: npt.NDArray[np.float64] | None = None
     ) -> int:
         """New records, biddable from the next epoch on; returns the owner's record count."""
-        party = self._owner(owner).party
-        party.add_records(X, y)
-        return party.n_records
+        hosted = self._owner(owner)
+        if hosted.gate is not None:  # its block, by arrival time, before anything reads it
+            hosted.gate.arrived(hosted.party.n_records, len(X), time.time())
+        hosted.party.add_records(X, y)
+        return hosted.party.n_records
 
     async def where(self, paths: list[str]) -> dict[str, Any]:
         """This actor's node (Ray id, IP) and which of ``paths`` cannot be read here: the
@@ -346,6 +351,8 @@ async def _follow(
             hosted.reader_errors.append(batch)
             return
         if len(batch):
+            if hosted.gate is not None:  # its block, by arrival time, before anything reads it
+                hosted.gate.arrived(hosted.party.n_records, len(batch), time.time())
             labels = batch.records.labels
             hosted.party.add_records(
                 batch.features.astype(np.float64),
