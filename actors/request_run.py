@@ -49,7 +49,7 @@ from dpmarket.actors.market import (
     market_outcome,
     purchase,
 )
-from dpmarket.actors.phases import prepare_secure
+from dpmarket.actors.phases import _gather_alive, prepare_secure
 from dpmarket.actors.placement import preflight_owners, require_placeable
 from dpmarket.actors.preflight import RunPlan, plan_run
 from dpmarket.actors.requests import request_config
@@ -196,7 +196,6 @@ def _one_request(
     attempt_dir: Path,
 ) -> tuple[MarketOutcome, dict[str, int]]:
     """One request on the running owner actors (module docstring, steps 1-4)."""
-    import ray
 
     if inputs.files is not None:
         wait_for_ingest(owners)  # every owner has read its files to their current end
@@ -211,7 +210,7 @@ def _one_request(
     else:
         gates = owner_gates(config, params, ledger_run) or {}
         handles = unique_actors(owners)
-        replies = ray.get(
+        replies = _gather_alive(  # an owner actor lost earlier is absent (counts against T)
             [
                 h.begin_request.remote(
                     config.name,
@@ -224,7 +223,7 @@ def _one_request(
             ]
         )
         pids = {o: reply["pid"] for h, reply in zip(handles, replies, strict=True)
-                for o in owners if owners[o] is h}  # fmt: skip
+                for o in owners if owners[o] is h and reply is not None}  # fmt: skip
         journal = journal_dir / "journal.json"
         spawn = curator_spawner(config.name, inputs.owners, params, config.noise, str(journal))
         market = RayMarket(owners, spawn(None), spawn, run_id=config.name)

@@ -181,3 +181,31 @@ def test_an_owner_forked_for_a_later_request_keeps_its_records_in_order() -> Non
     assert fresh.n_records == 7
     np.testing.assert_array_equal(fresh._store.y, [0, 1, 2, 3, 4, 7, 8])
     np.testing.assert_array_equal(fresh._retired, owner._retired)
+
+
+def test_validate_checks_every_requests_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dpmarket.actors.commands.main import main
+
+    path = _config(tmp_path, TWO)
+    assert main(["validate", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "request alice:" in printed and "request bob:" in printed
+    assert str(tmp_path / "v2.csv") in printed
+
+
+def test_budget_lists_a_requests_own_consumer_store_by_its_file(tmp_path: Path) -> None:
+    from dpmarket.actors.commands.budget import budget_summary
+    from dpmarket.actors.ledger_store import LedgerStore
+    from dpmarket.protocol.privacy.filter import RenyiFilter
+    from dpmarket.protocol.privacy.ledger import MechanismEvent
+
+    for file, sigma in (("consumer.sqlite", 2.0), ("consumer-bob.sqlite", 4.0)):
+        store = LedgerStore(tmp_path / file, "consumer", RenyiFilter(9.0, 1e-5))
+        store.begin_run("r")
+        store.charge("r:validation", "r", MechanismEvent("gaussian", (("sigma", sigma),), 1.0))
+        store.close()
+    owners = budget_summary(tmp_path)["owners"]
+    assert set(owners) == {"consumer", "consumer-bob"}
+    assert owners["consumer"]["spent"] > owners["consumer-bob"]["spent"] > 0

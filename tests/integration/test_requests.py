@@ -139,3 +139,33 @@ def test_requests_share_owner_actors_and_their_caps(tmp_path: Path) -> None:
     assert len(read_store(stores / "consumer.sqlite")["runs"]) == 2
     r2 = read_store(stores / "consumer-r2.sqlite")
     assert len(r2["runs"]) == 1 and [r["state"] for r in r2["rows"]] == ["charged"]
+
+
+def test_simulated_requests_each_get_their_own_purchase(tmp_path: Path) -> None:
+    """``dpmarket simulate`` with [[requests]] on a simulated source: one drawn validation set,
+    each request its own p and summary overrides, curator, utility and outputs; no budgets."""
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "configs" / "demo.toml").read_text()
+    text += '\n[[requests]]\nname = "small"\nsummary_size = 6\n'
+    text += '\n[[requests]]\nname = "big"\nsummary = {herding_ascent_steps = 5}\n'
+    config = tmp_path / "demo.toml"
+    config.write_text(text)
+    small = ["--set", "market.summary_size=12", "--set", "data.n_points=1500"]
+    small += ["--set", "data.n_test=300", "--set", "run.deadline_seconds=2.0"]
+    out = tmp_path / "out"
+    assert main(["simulate", str(config), "--out", str(out), *small]) == 0
+    assert not (out / "report.json").exists()  # a run of requests writes per request
+    index = json.loads((out / "requests.json").read_text())
+    assert [r["name"] for r in index["requests"]] == ["small", "big"]
+    assert index["requests"][0]["owner_pids"] == index["requests"][1]["owner_pids"]
+    reports = {
+        n: json.loads((out / "requests" / n / "report.json").read_text()) for n in ("small", "big")
+    }
+    assert reports["small"]["parsimony"]["summary_size"] == 6
+    assert reports["big"]["parsimony"]["summary_size"] == 12
+    assert reports["big"]["run"]["overrides"]["herding_ascent_steps"] == 5
+    assert reports["small"]["run"]["name"] == "demo.small"
+    for n in ("small", "big"):
+        private = json.loads((out / "requests" / n / "report.private.json").read_text())
+        assert set(private["utility"]) == {"private", "greedy", "uniform"}
+        assert reports[n]["budgets"] is None
