@@ -350,14 +350,17 @@ def resume_market(
     """Continue a refused or crashed run from ``OUT/.journal`` (no new noise for journaled
     releases; the ledger is not charged twice)."""
     journal_dir = Path(out) / JOURNAL_DIR
+    if (Path(out) / "requests.json").exists():  # [[requests]] (actors/request_run.py)
+        raise ConfigError(
+            f"{out}: a run of [[requests]]: run its config again with --out {out} (the "
+            "complete requests are not bought again)"
+        )
     try:
         original = Path((journal_dir / "config_path").read_text().strip())
         config = load_market_config(original if original.exists() else journal_dir / "config.toml")
         snapshot = json.loads((journal_dir / "journal.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{out}: no resumable journal ({exc})") from None
-    if config.requests:
-        raise ConfigError(f"{out}: a run of [[requests]] is not resumed; run it again")
     if snapshot.get("state") == "done":
         raise ConfigError(f"{out}: the journaled run already finished")
     if (snapshot.get("refusal") or {}).get("before_start"):

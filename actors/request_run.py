@@ -19,9 +19,14 @@ in turn, after every owner has read its files to their current end:
 4. its outputs in ``OUT/requests/NAME`` exactly as a single run writes them in ``OUT``; a
    refused request writes no report and the next request still runs.
 
+Running the config again into the same ``OUT`` (after a crash, or to retry refused requests)
+buys only the requests not complete there; the complete ones keep their outputs and index
+entries and are not charged again. A request interrupted by a crash is bought afresh: what it
+had charged stays in the stores (an over-count, never an under-count).
+
 ``OUT/requests.json`` (public) lists each request's state, exit code and message, the owner
-actors' Ray ids and each request's owner processes. Exit code: 3 if any request was refused,
-else 0. A request is not resumable on its own: run the config again into a new ``--out``.
+actors' Ray ids (of the latest run into OUT) and each request's owner processes. Exit code: 3
+if any request was refused, else 0.
 """
 
 from __future__ import annotations
@@ -83,9 +88,17 @@ def run_requests(
 ) -> MarketOutcome:
     """Buy every request of ``config`` in order (module docstring); outputs in ``out``."""
     out = resolve_out(config, out)
-    if (out / INDEX).exists() or (out / "report.json").exists():
-        raise ConfigError(f"{out}: already holds a finished run ({INDEX}); choose --out")
-    configs = [request_config(config, r) for r in config.requests]
+    earlier = _earlier(config, out)
+    todo = [r for r in config.requests if r.name not in earlier]
+    index: dict[str, Any] = {"schema": 1, "market": config.name, "owner_actors": {}}
+    index["requests"] = [earlier[r.name] for r in config.requests if r.name in earlier]
+    outcomes = {
+        name: MarketOutcome(EXIT_OK, "complete in an earlier run into OUT: not bought again", None)
+        for name in earlier
+    }
+    if not todo:
+        return _summary(out, outcomes)
+    configs = [request_config(config, r) for r in todo]
     headers: dict[str, bool] = {}
     for c in configs:  # every request's files, before Ray starts
         headers |= check_inputs(c).headers if c.source == "files" else {}
@@ -93,7 +106,7 @@ def run_requests(
     attempt_dir = ingest / f"attempt-{len(list(ingest.glob('attempt-*')))}"
     base = _inputs(configs[0], out, headers, attempt_dir)
     inputs, plans = [], []
-    for r, c in zip(config.requests, configs, strict=True):
+    for r, c in zip(todo, configs, strict=True):
         own = _request_inputs(c, base, headers, out / "requests" / r.name / ".ingest")
         plan = plan_run(c, own.owners, own.gamma, own.files)
         if before_start is not None:
@@ -109,16 +122,10 @@ def run_requests(
         base.owners, None, config.noise, FaultPlan(), config.name, config.placement,
         config.owners_per_actor,
     )  # fmt: skip
-    outcomes: dict[str, MarketOutcome] = {}
-    index: dict[str, Any] = {
-        "schema": 1,
-        "market": config.name,
-        "owner_actors": {o: h._actor_id.hex() for o, h in owners.items()},
-        "requests": [],
-    }
+    index["owner_actors"] = {o: h._actor_id.hex() for o, h in owners.items()}  # this run's
     try:
         _start_ingest(owners, base, config, attempt_dir)
-        for r, c, own, plan in zip(config.requests, configs, inputs, plans, strict=True):
+        for r, c, own, plan in zip(todo, configs, inputs, plans, strict=True):
             where = out / "requests" / r.name
             outcome, pids = _one_request(c, own, plan, owners, where, ray_info, attempt_dir)
             outcome.rejects |= {
@@ -143,6 +150,31 @@ def run_requests(
             base.writer.stop()
         for handle in unique_actors(owners):
             _kill(handle)
+    return _summary(out, outcomes)
+
+
+def _earlier(config: MarketConfig, out: Path) -> dict[str, dict[str, Any]]:
+    """The requests of ``config`` that an earlier run into ``out`` completed (their index
+    entries): they are not bought again. A single run's outputs in ``out`` are refused."""
+    if (out / "report.json").exists():
+        raise ConfigError(f"{out}: already holds a finished run (report.json); choose --out")
+    try:
+        entries = json.loads((out / INDEX).read_text(encoding="utf-8"))["requests"]
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{out / INDEX}: unreadable ({exc}); choose --out") from None
+    names = {r.name for r in config.requests}
+    return {
+        e["name"]: e
+        for e in entries
+        if e.get("name") in names
+        and e.get("state") == "complete"
+        and (out / "requests" / e["name"] / "report.json").exists()
+    }
+
+
+def _summary(out: Path, outcomes: dict[str, MarketOutcome]) -> MarketOutcome:
     refused = [n for n, o in outcomes.items() if o.exit_code != EXIT_OK]
     lines = [f"  {n}: {o.message.removeprefix('dpmarket: ')}" for n, o in outcomes.items()]
     head = (

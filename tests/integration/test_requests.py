@@ -82,7 +82,9 @@ def _append_while(stop: threading.Event, files: list[Path], out: Path) -> None:
         at += 5
 
 
-def test_requests_share_owner_actors_and_their_caps(tmp_path: Path) -> None:
+def test_requests_share_owner_actors_and_their_caps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, files = _market(tmp_path, CAP)
     out, stores = tmp_path / "out", tmp_path / "stores"
     stop = threading.Event()
@@ -139,6 +141,25 @@ def test_requests_share_owner_actors_and_their_caps(tmp_path: Path) -> None:
     assert len(read_store(stores / "consumer.sqlite")["runs"]) == 2
     r2 = read_store(stores / "consumer-r2.sqlite")
     assert len(r2["runs"]) == 1 and [r["state"] for r in r2["rows"]] == ["charged"]
+    capsys.readouterr()
+    assert main(["budget", str(stores), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["owners"]
+    assert set(listed) == {*OWNERS, "consumer", "consumer-r2"}
+    assert all(listed[o]["spent"] <= CAP and listed[o]["runs"] == 3 for o in OWNERS)
+
+    # resume does not apply; the config run again into the same OUT buys only what is not
+    # complete there: r1 and r2 are not charged again, r3 is refused again
+    assert main(["resume", str(out)]) == 2
+    before = {o: read_store(stores / f"{o}.sqlite")["rows"] for o in OWNERS}
+    assert main(["run", str(config), "--out", str(out)]) == 3
+    again = json.loads((out / "requests.json").read_text())["requests"]
+    assert [r["name"] for r in again] == ["r1", "r2", "r3"] and again[:2] == index["requests"][:2]
+    for o in OWNERS:
+        rows = read_store(stores / f"{o}.sqlite")["rows"]
+        assert rows[: len(before[o])] == before[o]
+        assert [(r["label"], r["state"]) for r in rows[len(before[o]) :]] == [
+            ("normalise (secure sum)", "declined")
+        ]
 
 
 def test_simulated_requests_each_get_their_own_purchase(tmp_path: Path) -> None:
