@@ -209,3 +209,15 @@ def test_budget_lists_a_requests_own_consumer_store_by_its_file(tmp_path: Path) 
     owners = budget_summary(tmp_path)["owners"]
     assert set(owners) == {"consumer", "consumer-bob"}
     assert owners["consumer"]["spent"] > owners["consumer-bob"]["spent"] > 0
+
+
+def test_a_bad_request_exits_2_naming_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dpmarket.actors.commands.main import main
+
+    path = _config(tmp_path, '[[requests]]\nname = "a"\nvalidation = "v1.csv"\n' * 2)
+    assert main(["run", str(path)]) == 2
+    assert (
+        f"{path}: [[requests]] #2 (a).name: two requests are named 'a'" in capsys.readouterr().err
+    )
