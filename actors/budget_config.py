@@ -8,7 +8,8 @@ Keys (all optional; without a store for any owner a run has no persistent budget
 - ``[owners.NAME].budget = {epsilon = E, delta = D}``: that owner's own cap.
 - ``[owners.NAME].ledger = "PATH"``: that owner's store (on its own node).
 - ``[privacy].block_records = N``: owners' records are grouped by arrival into blocks of N,
-  each with the owner's cap as its own budget (actors/owner_budget.py, "Blocks").
+  each with the owner's cap as its own budget (actors/owner_budget.py, "Blocks"); or
+  ``[privacy].block_seconds = W``: into windows of W seconds of arrival time (not both).
 - ``[consumer].budget = {epsilon = E, delta = D}``: the cap of the consumer's validation set
   across purchases, in ``[consumer].ledger`` (default ``[privacy].ledger_dir``/consumer.sqlite).
 
@@ -28,7 +29,7 @@ from dpmarket.actors.config_checks import ConfigError
 
 __all__ = ["BUDGET_PRIVACY_KEYS", "OwnerBudget", "parse_budgets", "parse_consumer"]
 
-BUDGET_PRIVACY_KEYS = frozenset({"ledger_dir", "owner_budget", "block_records"})
+BUDGET_PRIVACY_KEYS = frozenset({"ledger_dir", "owner_budget", "block_records", "block_seconds"})
 _OWNER_KEYS = frozenset({"budget", "ledger"})
 OWNER_BUDGET_KEYS = _OWNER_KEYS
 
@@ -41,6 +42,7 @@ class OwnerBudget:
     epsilon: float
     delta: float
     block_records: int = 0  # > 0: blocks of this many records (arrival order), own budgets
+    block_seconds: float = 0.0  # > 0: blocks by arrival-time windows of this many seconds
 
 
 def _epsilon(path: str, key: str, value: object) -> float:
@@ -93,6 +95,14 @@ def parse_budgets(
     blocks = privacy.get("block_records", 0)
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 0:
         raise ConfigError(f"{path}: [privacy].block_records: expected an integer >= 0")
+    seconds = privacy.get("block_seconds", 0.0)
+    if "block_seconds" in privacy:
+        seconds = _epsilon(path, "[privacy].block_seconds", seconds)  # a finite number > 0
+        if "block_records" in privacy:
+            raise ConfigError(
+                f"{path}: [privacy].block_seconds: blocks are by record count "
+                "(block_records) or by arrival time (block_seconds), not both"
+            )
     out: dict[str, OwnerBudget] = {}
     for name in owners:
         table = owners_table.get(name, {})
@@ -129,9 +139,10 @@ def parse_budgets(
             raise ConfigError(
                 f"{path}: {key}: a store needs a cap: set [privacy].owner_budget or {key}.budget"
             )
-        out[name] = OwnerBudget(str(store), cap[0], cap[1], blocks)
-    if blocks and not out:
-        raise ConfigError(f"{path}: [privacy].block_records: blocks need owners' stores and caps")
+        out[name] = OwnerBudget(str(store), cap[0], cap[1], blocks, seconds)
+    if (blocks or seconds) and not out:
+        key = "block_records" if blocks else "block_seconds"
+        raise ConfigError(f"{path}: [privacy].{key}: blocks need owners' stores and caps")
     stores = [b.ledger for b in out.values()]
     if len(set(stores)) != len(stores):
         raise ConfigError(f"{path}: [owners]: two owners share one ledger store")
@@ -209,9 +220,10 @@ def parse_budget_tables(
     budgets = parse_budgets(path, privacy, data.get("owners", {}), owners, delta, other_keys)
     summary = data.get("summary", {})
     allocate = isinstance(summary, dict) and summary.get("allocate") is True
-    if allocate and any(b.block_records for b in budgets.values()):
+    if allocate and any(b.block_records or b.block_seconds for b in budgets.values()):
         raise ConfigError(
             f"{path}: [summary].allocate: allocate-select's profile reads every record, "
-            "retired blocks ([privacy].block_records) included: use one or the other"
+            "retired blocks ([privacy].block_records or block_seconds) included: use one or "
+            "the other"
         )
     return budgets, parse_consumer(path, privacy, data.get("consumer", {}))

@@ -70,7 +70,8 @@ def owner_gates(
         for e in planned_owner_ledger(params).events
     )
     return {
-        name: BudgetGate(b, run, summary, b.block_records) for name, b in config.budgets.items()
+        name: BudgetGate(b, run, summary, b.block_records, b.block_seconds)
+        for name, b in config.budgets.items()
     }
 
 

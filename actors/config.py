@@ -23,6 +23,7 @@ from dpmarket.actors.budget_config import (
 from dpmarket.actors.config_checks import ConfigError
 from dpmarket.actors.placement import PLACEMENT_KEYS, Placement, parse_placements
 from dpmarket.actors.randomness import NoiseSource
+from dpmarket.actors.requests import Request, check_request_params, parse_requests
 from dpmarket.protocol.securesum.spec import SHARE_MODES
 from dpmarket.protocol.summary.allocate import plan_allocation
 from dpmarket.protocol.summary.curator import CuratorParams
@@ -114,6 +115,7 @@ class MarketConfig:
     budgets: dict[str, OwnerBudget] = field(default_factory=dict)  # actors/budget_config.py
     consumer_budget: OwnerBudget | None = None  # the validation set's store and cap
     placement: dict[str, Placement] = field(default_factory=dict)  # [owners.NAME] (placement.py)
+    requests: tuple[Request, ...] = ()  # [[requests]]: consumers' purchases (requests.py)
 
     @property
     def noise(self) -> NoiseSource:
@@ -180,6 +182,7 @@ class MarketConfig:
         record["faults"] = dataclasses.asdict(self.faults)
         for key in ("budgets", "consumer_budget"):  # caps are public, stores' paths are not
             record[key] = _caps(record[key])
+        record["requests"] = [r.public() for r in self.requests]
         return record
 
 
@@ -246,7 +249,9 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
     for item in sets or []:
         checks.apply_set(data, item)
-    check_keys(f"{name}: top level", data, set(_MARKET_SECTIONS) | {"owners", "consumer"})
+    check_keys(
+        f"{name}: top level", data, set(_MARKET_SECTIONS) | {"owners", "consumer", "requests"}
+    )
     for section, allowed in _MARKET_SECTIONS.items():
         if not isinstance(data.get(section, {}), dict):
             raise ConfigError(f"{name}: [{section}]: expected a table, got {data[section]!r}")
@@ -278,7 +283,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
             f"{name}: [summary].neighbouring: 'add_remove' refused with [data].source = 'files' "
             "(m and q are published, so it would under-charge the releases of private data)"
         )
-    _check_data(name, source, data.get("data", {}), owners, Path(path).parent)
+    _check_data(name, source, data.get("data", {}), owners, Path(path).parent, "requests" in data)
     p = _int(name, "[market].summary_size", market.get("summary_size", 50), 1)
     seed = _int(name, "[run].seed", run.get("seed", 0), 0)
     checks.check_data_keys(name, source, data.get("data", {}), K, p, seed)
@@ -310,12 +315,16 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         ),
         overrides=dict(data.get("summary", {})),
         faults=_faults(name, data.get("faults", {}), owners),
-        secure=_secure(name, data.get("privacy", {}), data.get("sketch", {})),
+        secure=checks.secure_settings(name, data.get("privacy", {}), data.get("sketch", {})),
         path=name,
         placement=parse_placements(name, data.get("owners", {}), owners, OWNER_BUDGET_KEYS),
     )
     budgets, consumer = parse_budget_tables(name, data, owners, config.delta, PLACEMENT_KEYS)
-    config = dataclasses.replace(config, budgets=budgets, consumer_budget=consumer)
+    requests = parse_requests(name, data, source, frozenset(_MARKET_SECTIONS["summary"]))
+    config = dataclasses.replace(
+        config, budgets=budgets, consumer_budget=consumer, requests=requests
+    )
+    check_request_params(config)
     m = config.data.get("n_validation", 500)  # m is known at run time; any m checks the keys
     try:
         config.curator_params(gamma=1.0, m=m if isinstance(m, int) and m >= 1 else 500)
@@ -326,36 +335,13 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     return config
 
 
-def _secure(path: str, privacy: dict[str, Any], sketch: dict[str, Any]) -> dict[str, Any]:
-    """The secure-sum phases' public settings: budgets and the scan sketch's shape."""
-    enabled = privacy.get("secure_phases", True)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"{path}: [privacy].secure_phases: expected true or false")
-    standardize = privacy.get("standardize", True)
-    if not isinstance(standardize, bool):
-        raise ConfigError(f"{path}: [privacy].standardize: expected true or false")
-    out: dict[str, Any] = {
-        "enabled": enabled,
-        "standardize": standardize,
-        "eps_normalise": _number(
-            path, "[privacy].eps_normalise", privacy.get("eps_normalise", 0.5), 0.0, 100.0
-        ),
-        "eps_scan": _number(path, "[privacy].eps_scan", privacy.get("eps_scan", 0.5), 0.0, 100.0),
-        "refresh_every": _int(path, "[privacy].refresh_every", privacy.get("refresh_every", 0), 0),
-        "rows": _int(path, "[sketch].rows", sketch.get("rows", 50), 1),
-        "width": _int(path, "[sketch].width", sketch.get("width", 256), 2),
-    }
-    checks.check_sketch(path, out["rows"], out["width"])
-    out["eps_refresh"] = _number(
-        path, "[privacy].eps_refresh", privacy.get("eps_refresh", out["eps_scan"]), 0.0, 100.0
-    )
-    if "bandwidth" in sketch:
-        out["bandwidth"] = _number(path, "[sketch].bandwidth", sketch["bandwidth"], 0.0, 1e12)
-    return out
-
-
 def _check_data(
-    path: str, source: str, data: dict[str, Any], owners: tuple[str, ...], base: Path
+    path: str,
+    source: str,
+    data: dict[str, Any],
+    owners: tuple[str, ...],
+    base: Path,
+    requests: bool = False,
 ) -> None:
     """Check the [data] keys a source needs: input files exist, bounds are numbers, ..."""
     stream = data.get("stream")
@@ -390,7 +376,9 @@ def _check_data(
     for owner, paths in files.items():
         if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
             raise ConfigError(f"{path}: [data.files].{owner}: expected a non-empty list of paths")
-    for key in ("validation", "seed_set"):
+    for key in (
+        ("seed_set",) if requests and "validation" not in data else ("validation", "seed_set")
+    ):
         target = data.get(key)
         if not isinstance(target, str) or not (base / target).is_file():
             raise ConfigError(f"{path}: [data].{key}: file {target!r} not found")

@@ -30,6 +30,7 @@ __all__ = [
     "check_sketch",
     "integer",
     "number",
+    "secure_settings",
     "summary_error",
 ]
 
@@ -245,3 +246,33 @@ def apply_set(data: dict[str, Any], item: str) -> None:
             raise ConfigError(f"--set {item!r}: {part} is not a table")
         table = nested
     table[parts[-1]] = value
+
+
+def secure_settings(path: str, privacy: dict[str, Any], sketch: dict[str, Any]) -> dict[str, Any]:
+    """The secure-sum phases' public settings: budgets and the scan sketch's shape."""
+    enabled = privacy.get("secure_phases", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"{path}: [privacy].secure_phases: expected true or false")
+    standardize = privacy.get("standardize", True)
+    if not isinstance(standardize, bool):
+        raise ConfigError(f"{path}: [privacy].standardize: expected true or false")
+    out: dict[str, Any] = {
+        "enabled": enabled,
+        "standardize": standardize,
+        "eps_normalise": number(
+            path, "[privacy].eps_normalise", privacy.get("eps_normalise", 0.5), 0.0, 100.0
+        ),
+        "eps_scan": number(path, "[privacy].eps_scan", privacy.get("eps_scan", 0.5), 0.0, 100.0),
+        "refresh_every": integer(
+            path, "[privacy].refresh_every", privacy.get("refresh_every", 0), 0
+        ),
+        "rows": integer(path, "[sketch].rows", sketch.get("rows", 50), 1),
+        "width": integer(path, "[sketch].width", sketch.get("width", 256), 2),
+    }
+    check_sketch(path, out["rows"], out["width"])
+    out["eps_refresh"] = number(
+        path, "[privacy].eps_refresh", privacy.get("eps_refresh", out["eps_scan"]), 0.0, 100.0
+    )
+    if "bandwidth" in sketch:
+        out["bandwidth"] = number(path, "[sketch].bandwidth", sketch["bandwidth"], 0.0, 1e12)
+    return out

@@ -18,6 +18,8 @@ Guarantees (what a data-protection officer signs off):
 - **Serialised.** The check and the insert run in one ``BEGIN IMMEDIATE`` transaction, so two
   runs sharing an owner (two processes on one store) cannot both spend its last budget: the
   second waits for the first and sees its charge.
+- **Time-window blocks** (``arrivals``): where each block of arrival time starts, and how many
+  record positions have a block (``meta.seen``), written before any release reads them.
 - **Declines are recorded** (state ``declined``, nothing charged), and so is a release that
   reads none of a blocked owner's records (state ``unread``), so that the end-of-run
   comparison with the curator's view can tell them from a missing charge.
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpmarket.protocol.privacy.blocks import WindowBlocks
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent
 
@@ -58,6 +61,9 @@ CREATE TABLE IF NOT EXISTS charges (
     UNIQUE (release, block)
 );
 CREATE TABLE IF NOT EXISTS retired (block INTEGER PRIMARY KEY, run TEXT NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS arrivals (
+    block INTEGER PRIMARY KEY, first INTEGER NOT NULL, at REAL NOT NULL
+);
 """
 
 
@@ -143,6 +149,33 @@ class LedgerStore:
     def retired(self) -> set[int]:
         """The blocks whose budget is spent: never read again."""
         return {int(r[0]) for r in self._conn.execute("SELECT block FROM retired")}
+
+    def window_blocks(self, window: float) -> WindowBlocks:
+        """The owner's time-window blocks as recorded (``[privacy].block_seconds``)."""
+        starts = self._conn.execute("SELECT block, first FROM arrivals ORDER BY block").fetchall()
+        seen = self._conn.execute("SELECT value FROM meta WHERE key = 'seen'").fetchone()
+        return WindowBlocks(
+            window, [(int(b), int(f)) for b, f in starts], int(seen[0]) if seen else 0
+        )
+
+    def arrive(self, first: int, count: int, at: float, window: float) -> WindowBlocks:
+        """Record that positions ``first .. first + count - 1`` arrived at ``at`` (the owner
+        actor's clock), in one transaction, before any release reads them: a position's block
+        is fixed once (protocol/privacy/blocks.py). Returns the blocks after it."""
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                blocks = self.window_blocks(window)
+                opened = blocks.arrive(first, count, at)
+                if opened is not None:
+                    conn.execute("INSERT INTO arrivals VALUES (?, ?, ?)", (*opened, at))
+                conn.execute("INSERT OR REPLACE INTO meta VALUES ('seen', ?)", (str(blocks.seen),))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return blocks
 
     def charge_blocks(
         self, release: str, run: str, events: Sequence[MechanismEvent], blocks: Sequence[int]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,11 +30,11 @@ from dpmarket.actors.evaluation import svm_accuracy
 from dpmarket.actors.faults import FaultPlan, fault_verdicts
 from dpmarket.actors.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
 from dpmarket.actors.phases import (
-    MAX_CURATOR_RESTARTS,
+    SecurePrep,
     prepare_secure,
-    progress,
     secure_phases,
     standardize,
+    summarise,
 )
 from dpmarket.actors.placement import preflight_owners, require_placeable
 from dpmarket.actors.preflight import RunPlan, plan_run
@@ -70,6 +69,7 @@ class MarketOutcome:
     consumer_report: dict[str, Any] | None = None  # report.private.json (actors/report.py)
     # party -> (records rejected, its rejects file) for every party that read files
     rejects: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
+    requests: dict[str, MarketOutcome] = dataclasses.field(default_factory=dict)  # [[requests]]
 
 
 @dataclass
@@ -148,69 +148,43 @@ def _drive(
             wait_for_ingest(market.owners)
         if inputs.writer is not None:
             inputs.writer.start()
-        secure = secure_phases(config, prep, market, snapshot, journal)
-        if "refused" in secure:  # a secure round short of T: nothing after it runs
-            refused: dict[str, Any] = secure["refused"]
-            return refused
-        standard = standardize(config, inputs.owners, market, secure, snapshot)
-        payload = _summarise(config, market, plan, journal, snapshot)
-        payload["secure_phases"] = secure | {
-            "standardize": standard,
-            "refreshes": payload.pop("refreshes", []),
-        }
-        payload["fault_verdicts"] = fault_verdicts(config.faults, payload, config.tolerance)
-        # a node may be gone by now: unreachable owners are named, never a crash (exit 3 stays 3)
-        payload["owners"] = survivor_reports(market.owners, payload["transport"]["dead"])
-        payload["budgets"] = budget_report(
-            config, ledger_run, market.owners, list(payload["owners"]), payload["ledgers"]
-        )
-        return payload
+        return purchase(config, inputs.owners, market, prep, plan, journal, snapshot, ledger_run)
     finally:
         if inputs.writer is not None:
             inputs.writer.stop()
         market.kill_all()
 
 
-def _summarise(
-    config: MarketConfig, market: RayMarket, plan: FaultPlan, journal: Path, snapshot: Any
+def purchase(
+    config: MarketConfig,
+    owners: OwnerInputs,
+    market: RayMarket,
+    prep: SecurePrep | None,
+    plan: FaultPlan,
+    journal: Path,
+    snapshot: Any,
+    ledger_run: str,
 ) -> Any:
-    import ray
-
-    # a simulated curator crash happens inside the curator's process at that epoch (exactly
-    # there, however fast the epochs run); a real one anywhere. Both resume from the journal.
-    # A journal from before the epochs (state "new") is a run that never reached them.
-    fresh = snapshot is None or snapshot.get("state") == "new"
-    crash_at = config.faults.kill_curator_at if fresh else None
-    run_ref = market.curator.run.remote(market.owners, plan, crash_at)
-    restarts = 0
-    try:
-        while True:
-            ready, _ = ray.wait([run_ref], timeout=0.25)
-            if ready:
-                try:
-                    payload: dict[str, Any] = ray.get(run_ref)
-                    payload["curator_restarts"] = restarts
-                    return payload
-                except ray.exceptions.RayActorError:
-                    if restarts >= MAX_CURATOR_RESTARTS or not journal.exists():
-                        raise
-                    progress("curator lost: resuming from its journal")
-                    market.curator = market.spawn_curator(
-                        json.loads(journal.read_text(encoding="utf-8"))
-                    )
-                    run_ref = market.curator.run.remote(market.owners, plan)
-                    restarts += 1
-                    continue
-            try:
-                status = ray.get(market.curator.progress.remote())
-            except ray.exceptions.RayActorError:
-                continue  # the run call reports the loss
-            progress(
-                f"epoch {status['epoch']:>5}  summary {status['summary_size']:>5}/"
-                f"{config.summary_size}  lost {len(status['lost'])}"
-            )
-    finally:
-        print(file=sys.stderr)
+    """One purchase on spawned, ingesting actors: secure phases, summary, owners, budgets; the
+    curator's payload (state "refused" when T was exceeded). Also each request of a config
+    with ``[[requests]]`` (actors/request_run.py), on the same owner actors."""
+    secure = secure_phases(config, prep, market, snapshot, journal)
+    if "refused" in secure:  # a secure round short of T: nothing after it runs
+        refused: dict[str, Any] = secure["refused"]
+        return refused
+    standard = standardize(config, owners, market, secure, snapshot)
+    payload = summarise(config, market, plan, journal, snapshot)
+    payload["secure_phases"] = secure | {
+        "standardize": standard,
+        "refreshes": payload.pop("refreshes", []),
+    }
+    payload["fault_verdicts"] = fault_verdicts(config.faults, payload, config.tolerance)
+    # a node may be gone by now: unreachable owners are named, never a crash (exit 3 stays 3)
+    payload["owners"] = survivor_reports(market.owners, payload["transport"]["dead"])
+    payload["budgets"] = budget_report(
+        config, ledger_run, market.owners, list(payload["owners"]), payload["ledgers"]
+    )
+    return payload
 
 
 def _utility(
@@ -256,6 +230,10 @@ def run_market(
     fresh run before Ray starts or anything is spent, and may refuse by raising
     ``ConfigError``; ``connected`` sees what Ray connected to.
     """
+    if config.requests and snapshot is None:  # several purchases (actors/request_run.py)
+        from dpmarket.actors.request_run import run_requests
+
+        return run_requests(config, out, address, before_start, connected)
     out = resolve_out(config, out)
     headers = check_inputs(config).headers if config.source == "files" else {}
     journal_dir = out / JOURNAL_DIR
@@ -285,6 +263,20 @@ def run_market(
         config, inputs, run_plan, journal_dir / "journal.json", snapshot, attempt_dir, ledger_run
     )
     timings["ingest_and_summarise"] = time.perf_counter() - tick
+    return market_outcome(config, out, inputs, payload, ray_info, timings, attempt_dir)
+
+
+def market_outcome(
+    config: MarketConfig,
+    out: Path,
+    inputs: _Inputs,
+    payload: Any,
+    ray_info: dict[str, Any],
+    timings: dict[str, float],
+    attempt_dir: Path,
+) -> MarketOutcome:
+    """A finished purchase's outputs in ``out``: exit 3 and nothing written when it was
+    refused, else the reports, summary files and the rejects per party."""
     if payload["state"] == "refused":
         after = (
             "nothing to resume: run again with at most T colluding or lost owners"
@@ -358,6 +350,11 @@ def resume_market(
     """Continue a refused or crashed run from ``OUT/.journal`` (no new noise for journaled
     releases; the ledger is not charged twice)."""
     journal_dir = Path(out) / JOURNAL_DIR
+    if (Path(out) / "requests.json").exists():  # [[requests]] (actors/request_run.py)
+        raise ConfigError(
+            f"{out}: a run of [[requests]]: run its config again with --out {out} (the "
+            "complete requests are not bought again)"
+        )
     try:
         original = Path((journal_dir / "config_path").read_text().strip())
         config = load_market_config(original if original.exists() else journal_dir / "config.toml")

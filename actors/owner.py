@@ -97,7 +97,8 @@ class OwnerActor:
         profile_floor: float | None = None,
     ) -> None:
         """``dca``: the operator's trust anchors for the secure sum (actors/dcaowner.py), given
-        here and nowhere else; without them the owner takes no part in a secure sum.
+        here (or by the operator's :meth:`begin_request`) and never by a curator; without them
+        the owner takes no part in a secure sum.
         ``budgets``: per owner, its store, cap and the summary phase's planned charge
         (actors/owner_budget.py): such an owner charges its own ledger before contributing.
         ``profile_floor``: the operator's noise multiplier for allocate-select's profile."""
@@ -116,7 +117,37 @@ class OwnerActor:
                 hosted.dca = OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))
             if budgets and name in budgets:  # opens (or creates) the owner's own store
                 hosted.gate = OwnerGate(name, budgets[name])
+                hosted.gate.arrived(0, owner.n_records, time.time())  # time-window blocks
             self._hosted[name] = hosted
+
+    async def begin_request(
+        self,
+        run: str,
+        noise: NoiseSource,
+        dca: OperatorTrust | None = None,
+        budgets: dict[str, BudgetGate] | None = None,
+        profile_floor: float | None = None,
+    ) -> dict[str, Any]:
+        """A later purchase on this actor (``[[requests]]``, actors/request_run.py), given by
+        the operator (the driver), never by a curator: per hosted owner a fresh party of run
+        ``run`` holding every record taken in so far (its tailers keep feeding it), a fresh
+        replay guard, a secure-sum client under this request's trust anchors and a gate on the
+        same store (its filter decides over every earlier request's charges). Returns this
+        process's id, to show that the actors outlive requests."""
+        for name, hosted in self._hosted.items():
+            if hosted.gate is not None:
+                hosted.gate.store.close()
+            rng = noise.generator(f"summary:{name}")
+            hosted.party = hosted.party.fork(run, rng, profile_floor)
+            hosted.guard, hosted.errors = ReplayGuard(), []
+            hosted.dca = (
+                None if dca is None else OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))
+            )
+            gate = (budgets or {}).get(name)
+            hosted.gate = None if gate is None else OwnerGate(name, gate)
+            if hosted.gate is not None:  # records taken in without a gate: stamped now
+                hosted.gate.arrived(0, hosted.party.n_records, time.time())
+        return {"pid": os.getpid()}
 
     def _owner(self, name: str) -> _Hosted:
         hosted = self._hosted.get(name)
@@ -261,9 +292,11 @@ class OwnerActor:
         self, owner: str, X: npt.NDArray[np.float64], y: npt.NDArray[np.float64] | None = None
     ) -> int:
         """New records, biddable from the next epoch on; returns the owner's record count."""
-        party = self._owner(owner).party
-        party.add_records(X, y)
-        return party.n_records
+        hosted = self._owner(owner)
+        if hosted.gate is not None:  # its block, by arrival time, before anything reads it
+            hosted.gate.arrived(hosted.party.n_records, len(X), time.time())
+        hosted.party.add_records(X, y)
+        return hosted.party.n_records
 
     async def where(self, paths: list[str]) -> dict[str, Any]:
         """This actor's node (Ray id, IP) and which of ``paths`` cannot be read here: the
@@ -318,6 +351,8 @@ async def _follow(
             hosted.reader_errors.append(batch)
             return
         if len(batch):
+            if hosted.gate is not None:  # its block, by arrival time, before anything reads it
+                hosted.gate.arrived(hosted.party.n_records, len(batch), time.time())
             labels = batch.records.labels
             hosted.party.add_records(
                 batch.features.astype(np.float64),

@@ -22,9 +22,13 @@ declined summary phase makes the owner silent, so the curator counts it lost at 
 both count against T, and a run with more than T refuses (exit 3). A decline depends only on
 public parameters and the owner's own past charges, never on its records.
 
-**Blocks** (``[privacy].block_records = N``; Sage, SOSP 2019, with record counts for time):
-record i of an owner, in arrival order, belongs to block ``i // N``, and each block has the
-owner's cap as its own budget in the store. A release is charged to each live block it reads
+**Blocks** (``[privacy].block_records = N``; Sage, SOSP 2019): record i of an owner, in
+arrival order, belongs to block ``i // N``; or (``[privacy].block_seconds = W``, Sage's time
+windows) to the window of W seconds in which it first arrived, stamped by the owner actor's
+clock when its batch is taken in and recorded in the store before any release reads it
+(:meth:`OwnerGate.arrived`, protocol/privacy/blocks.py; records taken in before the owner's
+gate exists are stamped when it is made). Each block has the owner's cap as its own budget in
+the store. A release is charged to each live block it reads
 (a secure-sum round: the blocks holding the records it covers, for a refresh only those added
 since its base round; the summary plan: every block, each the first time it holds records in
 the run, so blocks arriving mid-run pay when they arrive). A block whose filter does not admit
@@ -81,6 +85,7 @@ class BudgetGate:
     run: str
     summary: tuple[MechanismEvent, ...] = ()
     block_records: int = 0  # > 0: records grouped by arrival into blocks with their own budgets
+    block_seconds: float = 0.0  # > 0: ... by windows of arrival time (protocol/privacy/blocks.py)
 
 
 def session_id(pins: dict[str, str]) -> str:
@@ -108,15 +113,26 @@ class OwnerGate:
 
     @property
     def blocked(self) -> bool:
-        return self.gate.block_records > 0
+        return self.gate.block_records > 0 or self.gate.block_seconds > 0
+
+    def arrived(self, first: int, count: int, at: float) -> None:
+        """Records at positions ``first .. first + count - 1`` arrived at ``at`` (the actor's
+        clock): with time-window blocks their block is recorded in the store now, before any
+        release reads them (protocol/privacy/blocks.py); nothing to do otherwise."""
+        if self.gate.block_seconds > 0 and count > 0:
+            self.store.arrive(first, count, at, self.gate.block_seconds)
+
+    def _of(self, n: int) -> npt.NDArray[np.int64]:
+        """The block of each record position ``0 .. n - 1``."""
+        if self.gate.block_seconds > 0:
+            return self.store.window_blocks(self.gate.block_seconds).of(n)
+        return np.arange(n, dtype=np.int64) // self.gate.block_records
 
     def _blocks(self, n: int, start: int = 0) -> list[int]:
-        size = self.gate.block_records
-        return list(range(start // size, -(-n // size))) if n > start else []
+        return sorted({int(b) for b in self._of(n)[start:]}) if n > start else []
 
     def _mask(self, n: int, blocks: set[int]) -> npt.NDArray[np.bool_]:
-        of = np.arange(n) // self.gate.block_records
-        return np.isin(of, sorted(blocks - self.store.retired()))
+        return np.isin(self._of(n), sorted(blocks - self.store.retired()))
 
     def _round_event(self, spec: RoundSpec, release: str) -> MechanismEvent:
         if spec.sigma_std <= 0:

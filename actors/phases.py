@@ -20,6 +20,7 @@ import numpy as np
 from dpmarket.actors.config import MarketConfig
 from dpmarket.actors.dca import moments_sensitivity
 from dpmarket.actors.dcaowner import OperatorTrust
+from dpmarket.actors.faults import FaultPlan
 from dpmarket.actors.runner import OwnerInputs, RayMarket, actor_options, unique_actors
 from dpmarket.actors.securephase_journal import journaled_summary, secure_resumable
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE
@@ -36,6 +37,7 @@ __all__ = [
     "progress",
     "secure_phases",
     "standardize",
+    "summarise",
 ]
 
 MAX_CURATOR_RESTARTS = 3  # a curator lost more often than this ends the run (exit 1)
@@ -273,3 +275,47 @@ def standardize(
         gamma = median_heuristic_gamma((inputs.seed_set - center) / scale)
     ray.get(market.curator.standardize.remote(center.tolist(), scale.tolist(), gamma))
     return {"applied": True, "center": center.tolist(), "scale": scale.tolist(), "gamma": gamma}
+
+
+def summarise(
+    config: MarketConfig, market: RayMarket, plan: FaultPlan, journal: Path, snapshot: Any
+) -> Any:
+    """The summary phase: the curator's epochs, with a crashed curator respawned from its
+    journal (at most MAX_CURATOR_RESTARTS times); the curator's payload."""
+    import ray
+
+    # a simulated curator crash happens inside the curator's process at that epoch (exactly
+    # there, however fast the epochs run); a real one anywhere. Both resume from the journal.
+    # A journal from before the epochs (state "new") is a run that never reached them.
+    fresh = snapshot is None or snapshot.get("state") == "new"
+    crash_at = config.faults.kill_curator_at if fresh else None
+    run_ref = market.curator.run.remote(market.owners, plan, crash_at)
+    restarts = 0
+    try:
+        while True:
+            ready, _ = ray.wait([run_ref], timeout=0.25)
+            if ready:
+                try:
+                    payload: dict[str, Any] = ray.get(run_ref)
+                    payload["curator_restarts"] = restarts
+                    return payload
+                except ray.exceptions.RayActorError:
+                    if restarts >= MAX_CURATOR_RESTARTS or not journal.exists():
+                        raise
+                    progress("curator lost: resuming from its journal")
+                    market.curator = market.spawn_curator(
+                        json.loads(journal.read_text(encoding="utf-8"))
+                    )
+                    run_ref = market.curator.run.remote(market.owners, plan)
+                    restarts += 1
+                    continue
+            try:
+                status = ray.get(market.curator.progress.remote())
+            except ray.exceptions.RayActorError:
+                continue  # the run call reports the loss
+            progress(
+                f"epoch {status['epoch']:>5}  summary {status['summary_size']:>5}/"
+                f"{config.summary_size}  lost {len(status['lost'])}"
+            )
+    finally:
+        print(file=sys.stderr)

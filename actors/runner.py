@@ -29,10 +29,12 @@ __all__ = [
     "RayMarket",
     "actor_options",
     "baselines",
+    "curator_spawner",
     "owner_groups",
     "run_inprocess",
     "run_ray",
     "spawn_market",
+    "spawn_owners",
     "unique_actors",
 ]
 
@@ -154,7 +156,8 @@ def spawn_market(
     """Spawn one owner actor per owner and the curator actor (Ray must be connected).
 
     ``dca`` is the operator's secure-sum trust anchors (actors/dcaowner.py): every owner actor
-    gets them at construction, the only way they reach an owner; so are ``budgets`` (per owner
+    gets them at construction (for a later request of ``[[requests]]``, from the driver's
+    ``begin_request``: never through a curator); so are ``budgets`` (per owner
     a ``BudgetGate``, actors/owner_budget.py: its store, cap and planned summary charge).
 
     The curator is pinned to this (the driver's) node so its journal lands where the driver can
@@ -162,14 +165,32 @@ def spawn_market(
     nodes (``[owners.NAME]``, actors/placement.py). Slow
     owners (``faults.delay``) wait that long before every reply.
     """
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    inputs = scenario if isinstance(scenario, OwnerInputs) else OwnerInputs.of(scenario)
+    faults = faults or FaultPlan()
+    owners = spawn_owners(
+        inputs, params.profile_floor, noise, faults, run_id, placement, owners_per_actor, dca,
+        budgets,
+    )  # fmt: skip
+    spawn = curator_spawner(run_id, inputs, params, noise, journal)
+    return RayMarket(owners, spawn(snapshot), spawn, run_id=run_id)
 
-    from dpmarket.actors.curator import CuratorActor
+
+def spawn_owners(
+    inputs: OwnerInputs,
+    profile_floor: float | None,
+    noise: NoiseSource,
+    faults: FaultPlan,
+    run_id: str,
+    placement: dict[str, Placement] | None = None,
+    owners_per_actor: int = 1,
+    dca: OperatorTrust | None = None,
+    budgets: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The owner actors (:func:`spawn_market`): owner name -> handle (co-located owners share
+    one), each named ``dpmarket:RUN:ROLE``."""
     from dpmarket.actors.owner import OwnerActor
 
-    faults, placement = faults or FaultPlan(), placement or {}
-    inputs = scenario if isinstance(scenario, OwnerInputs) else OwnerInputs.of(scenario)
+    placement = placement or {}
     owners: dict[str, Any] = {}
     for group in owner_groups(list(inputs.owners), owners_per_actor, faults, placement):
         role = group[0] if len(group) == 1 else "owners-" + "-".join(_number(n) for n in group)
@@ -182,9 +203,26 @@ def spawn_market(
             faults.delay,
             dca,
             {n: b for n, b in (budgets or {}).items() if n in group},
-            params.profile_floor,
+            profile_floor,
         )
         owners.update(dict.fromkeys(group, handle))
+    return owners
+
+
+def curator_spawner(
+    run_id: str,
+    inputs: OwnerInputs,
+    params: CuratorParams,
+    noise: NoiseSource,
+    journal: str | None,
+) -> Any:
+    """A function snapshot -> a curator actor of this run, pinned to the driver's node (its
+    journal lands where the driver reads it); called again to respawn a lost curator."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from dpmarket.actors.curator import CuratorActor
+
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
     def spawn_curator(snap: dict[str, Any] | None) -> Any:
@@ -201,7 +239,7 @@ def spawn_market(
             snap,
         )
 
-    return RayMarket(owners, spawn_curator(snapshot), spawn_curator, run_id=run_id)
+    return spawn_curator
 
 
 def actor_options(run_id: str, role: str) -> dict[str, str]:

@@ -210,5 +210,6 @@ def check_inputs(config: MarketConfig) -> InputsCheck:
     checks += [
         _check_file(config, schema, key, ("data", key), data_path(config, config.data[key]))
         for key in ("validation", "seed_set")
+        if key in config.data  # with [[requests]] each request may name its own
     ]
     return InputsCheck(schema, tuple(checks))

@@ -87,7 +87,10 @@ def budget_summary(target: Path) -> dict[str, Any]:
             contents = read_store(path)
         except StoreError as exc:
             raise ConfigError(str(exc)) from None
-        owners[str(contents["owner"])] = _owner(contents)
+        name = str(contents["owner"])
+        if name == "consumer" and path.stem != "consumer":  # a request's own consumer store
+            name = path.stem  # ([[requests]] budget: consumer-NAME.sqlite), by its file
+        owners[name] = _owner(contents)
     return {"owners": owners}
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from dpmarket.actors.commands.study import add_study_arguments, run_study_command
 from dpmarket.actors.config import ConfigError, MarketConfig, load_market_config
 from dpmarket.actors.randomness import NOISE_WARNING
+from dpmarket.actors.requests import request_config
 from dpmarket.actors.study_config import is_study_file
 from dpmarket.actors.validate import check_inputs, resolve_out
 
@@ -86,6 +87,11 @@ def _market(args: argparse.Namespace) -> int:
         )
     if outcome.report is not None:
         print_report(outcome.report, outcome.consumer_report)
+    for name, each in outcome.requests.items():  # [[requests]]: one purchase each
+        print(f"request {name}:")
+        if each.report is not None:
+            print_report(each.report, each.consumer_report)
+        print_rejects(each.rejects)
     print_rejects(outcome.rejects)
     print(outcome.message, file=sys.stderr if outcome.exit_code else sys.stdout)
     return outcome.exit_code
@@ -96,6 +102,9 @@ def _validate(config: MarketConfig, out: str | None) -> int:
     print(json.dumps(config.public_record(), indent=2, default=str))
     if config.source == "files":
         print("\n".join(check_inputs(config).describe()))
+        for request in config.requests:  # each request's consumer files
+            print(f"request {request.name}:")
+            print("\n".join(check_inputs(request_config(config, request)).describe()))
     print(f"out: {resolve_out(config, out)} (--out or [run].out, from the working directory)")
     print(f"{config.path}: valid", file=sys.stderr)
     return 0

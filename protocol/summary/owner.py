@@ -158,6 +158,15 @@ class Owner:
             raise ValueError("records must be finite and labels must match the records")
         self._pending.append((X_arr, y_arr))
 
+    def fork(self, run: str, rng: np.random.Generator | None, profile_floor: float | None) -> Owner:
+        """A fresh party of run ``run`` (a later purchase) holding every record this one holds,
+        pending ones included, in arrival order, with the same records retired."""
+        labels = [self._store.y, *(y for _, y in self._pending)]
+        y = np.concatenate(labels) if len(labels) > 1 else self._store.y
+        fresh = Owner(self.name, run, self.records(), y, rng=rng, profile_floor=profile_floor)
+        fresh._retired = self._retired.copy()
+        return fresh
+
     def retire(self, mask: npt.ArrayLike) -> None:
         """Never bid or deliver the records where ``mask`` is True (arrival order, pending
         ones included): their block's privacy budget is spent. Retirement is permanent."""

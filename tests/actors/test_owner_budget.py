@@ -41,7 +41,12 @@ def test_config_budgets_default_and_per_owner(tmp_path: Path) -> None:
     assert budgets["owner-3"] == OwnerBudget("/elsewhere/o3.sqlite", 2.5, 1e-5)
     assert set(budgets) == {"owner-1", "owner-2", "owner-3", "owner-4"}
     public = load_market_config(path).public_record()["budgets"]  # report.json's run record
-    assert public["owner-2"] == {"epsilon": 1.0, "delta": 1e-6, "block_records": 0}
+    assert public["owner-2"] == {
+        "epsilon": 1.0,
+        "delta": 1e-6,
+        "block_records": 0,
+        "block_seconds": 0.0,
+    }
     assert "elsewhere" not in str(public)  # caps are public, stores' paths are not
     assert load_market_config(_config(tmp_path)).budgets == {}
 

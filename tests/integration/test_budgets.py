@@ -124,3 +124,38 @@ def test_blocks_of_a_growing_stream_pay_only_for_what_reads_them(tmp_path: Path)
             blocks = sorted(r["block"] for r in refresh if r["release"] == release)
             assert blocks == list(range(blocks[0], last + 1))
         assert report["budgets"]["owners"][owner]["spent"] <= 3.0
+
+
+def test_time_window_blocks_of_a_growing_stream(tmp_path: Path) -> None:
+    """configs/stream.toml with blocks of 1 s of arrival time: the owner actors stamp each batch
+    their tailers take in, the stores record the windows before anything reads them, a
+    refresh is charged only to the windows holding records added since its base round (never
+    the first, complete before the scan), and the store covers the curator."""
+    import sqlite3
+
+    text = (ROOT / "configs" / "stream.toml").read_text()
+    text = text.replace(
+        "[privacy]\n", '[privacy]\nledger_dir = "stores"\nowner_budget = 3.0\nblock_seconds = 1.0\n'
+    )
+    config = tmp_path / "stream.toml"
+    config.write_text(text)
+    extra = ["--set", "market.summary_size=16", "--set", "data.n_points=2000"]
+    extra += ["--set", "data.n_test=300", "--set", "run.deadline_seconds=2.0"]
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), *extra]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["budgets"]["errors"] == []
+    private = json.loads((tmp_path / "out" / "report.private.json").read_text())
+    for owner in ("owner-1", "owner-2", "owner-3", "owner-4"):
+        path = tmp_path / "stores" / f"{owner}.sqlite"
+        with sqlite3.connect(path) as conn:
+            windows = [b for (b,) in conn.execute("SELECT block FROM arrivals ORDER BY block")]
+            seen = int(conn.execute("SELECT value FROM meta WHERE key = 'seen'").fetchone()[0])
+        assert len(windows) >= 2  # the stream kept arriving over several seconds
+        assert seen >= private["owners"][owner]["ingested"] > 0  # every record has its window
+        charged = [r for r in read_store(path)["rows"] if r["state"] == "charged"]
+        assert {r["block"] for r in charged} <= set(windows)  # every charge to a window
+        normalise = {r["block"] for r in charged if r["label"] == "normalise (secure sum)"}
+        assert windows[0] in normalise
+        refresh = {r["block"] for r in charged if r["label"] == "scan refresh (secure sum)"}
+        assert windows[0] not in refresh  # complete before the scan: never re-read
+        assert report["budgets"]["owners"][owner]["spent"] <= 3.0
