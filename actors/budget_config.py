@@ -45,7 +45,7 @@ class OwnerBudget:
     block_seconds: float = 0.0  # > 0: blocks by arrival-time windows of this many seconds
 
 
-def _epsilon(path: str, key: str, value: object) -> float:
+def cap_epsilon(path: str, key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{path}: {key}: expected a number > 0, got {value!r}")
     if not (math.isfinite(value) and value > 0):
@@ -53,13 +53,13 @@ def _epsilon(path: str, key: str, value: object) -> float:
     return float(value)
 
 
-def _delta(path: str, key: str, value: object) -> float:
+def cap_delta(path: str, key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
         raise ConfigError(f"{path}: {key}: expected a number in (0, 1), got {value!r}")
     return float(value)
 
 
-def _path(base: Path, path: str, key: str, value: object) -> Path:
+def store_path(base: Path, path: str, key: str, value: object) -> Path:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{path}: {key}: expected a path, got {value!r}")
     p = Path(value)
@@ -84,20 +84,20 @@ def parse_budgets(
         raise ConfigError(f"{path}: [owners]: unknown owners {unknown}; owners are {list(owners)}")
     ledger_dir = privacy.get("ledger_dir")
     directory = (
-        None if ledger_dir is None else _path(base, path, "[privacy].ledger_dir", ledger_dir)
+        None if ledger_dir is None else store_path(base, path, "[privacy].ledger_dir", ledger_dir)
     )
     default_cap = privacy.get("owner_budget")
     market_cap = (
         None
         if default_cap is None
-        else (_epsilon(path, "[privacy].owner_budget", default_cap), delta)
+        else (cap_epsilon(path, "[privacy].owner_budget", default_cap), delta)
     )
     blocks = privacy.get("block_records", 0)
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 0:
         raise ConfigError(f"{path}: [privacy].block_records: expected an integer >= 0")
     seconds = privacy.get("block_seconds", 0.0)
     if "block_seconds" in privacy:
-        seconds = _epsilon(path, "[privacy].block_seconds", seconds)  # a finite number > 0
+        seconds = cap_epsilon(path, "[privacy].block_seconds", seconds)  # a finite number > 0
         if "block_records" in privacy:
             raise ConfigError(
                 f"{path}: [privacy].block_seconds: blocks are by record count "
@@ -121,12 +121,12 @@ def parse_budgets(
                     f"{path}: {key}.budget: expected {{epsilon = E, delta = D}}, got {budget!r}"
                 )
             cap = (
-                _epsilon(path, f"{key}.budget.epsilon", budget["epsilon"]),
-                _delta(path, f"{key}.budget.delta", budget["delta"]),
+                cap_epsilon(path, f"{key}.budget.epsilon", budget["epsilon"]),
+                cap_delta(path, f"{key}.budget.delta", budget["delta"]),
             )
         store: Path | None = None
         if "ledger" in table:
-            store = _path(base, path, f"{key}.ledger", table["ledger"])
+            store = store_path(base, path, f"{key}.ledger", table["ledger"])
         elif directory is not None:
             store = directory / f"{name}.sqlite"
         if store is None and cap is None:
@@ -147,7 +147,7 @@ def parse_budgets(
     if len(set(stores)) != len(stores):
         raise ConfigError(f"{path}: [owners]: two owners share one ledger store")
     for name, budget in out.items():  # a store on this machine is checked now, before a run
-        _check_existing(path, name, Path(budget.ledger))
+        check_existing_store(path, name, Path(budget.ledger))
     return out
 
 
@@ -155,7 +155,7 @@ def _key(owner: str) -> str:
     return "[consumer]" if owner == "consumer" else f"[owners.{owner}]"
 
 
-def _check_existing(path: str, owner: str, store: Path) -> None:
+def check_existing_store(path: str, owner: str, store: Path) -> None:
     """An existing local store must be a ledger store of ``owner`` (one on another node is
     checked by the owner's actor when it opens it)."""
     from dpmarket.actors.ledger_store import StoreError, read_store
@@ -190,19 +190,22 @@ def parse_consumer(path: str, privacy: dict[str, Any], table: object) -> OwnerBu
         )
     base = Path(path).parent
     if "ledger" in table:
-        store = _path(base, path, "[consumer].ledger", table["ledger"])
+        store = store_path(base, path, "[consumer].ledger", table["ledger"])
     elif privacy.get("ledger_dir") is not None:
-        store = _path(base, path, "[privacy].ledger_dir", privacy["ledger_dir"]) / "consumer.sqlite"
+        store = (
+            store_path(base, path, "[privacy].ledger_dir", privacy["ledger_dir"])
+            / "consumer.sqlite"
+        )
     else:
         raise ConfigError(
             f"{path}: [consumer]: a budget needs a store: set [consumer].ledger or "
             "[privacy].ledger_dir"
         )
-    _check_existing(path, "consumer", store)
+    check_existing_store(path, "consumer", store)
     return OwnerBudget(
         str(store),
-        _epsilon(path, "[consumer].budget.epsilon", budget["epsilon"]),
-        _delta(path, "[consumer].budget.delta", budget["delta"]),
+        cap_epsilon(path, "[consumer].budget.epsilon", budget["epsilon"]),
+        cap_delta(path, "[consumer].budget.delta", budget["delta"]),
     )
 
 

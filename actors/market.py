@@ -73,7 +73,7 @@ class MarketOutcome:
 
 
 @dataclass
-class _Inputs:
+class MarketInputs:
     """What the run starts from, by data source."""
 
     owners: OwnerInputs
@@ -86,23 +86,25 @@ class _Inputs:
     consumer_rejects: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-def _inputs(
+def market_inputs(
     config: MarketConfig, out: Path, headers: dict[str, bool], attempt_dir: Path
-) -> _Inputs:
+) -> MarketInputs:
     if config.source == "files":
         f = file_inputs(config, headers, attempt_dir)
         with_header = tuple(p for p, h in f.headers.items() if h)
-        return _Inputs(f.owners, f.gamma, None, f.schema, f.files, None, with_header, f.rejects)
+        return MarketInputs(
+            f.owners, f.gamma, None, f.schema, f.files, None, with_header, f.rejects
+        )
     scenario = make_market_scenario(config)
     if "stream" in config.data:
         owners, schema, files, writer = stream_files(config, scenario, out / "data")
-        return _Inputs(owners, scenario.gamma, scenario, schema, files, writer)
-    return _Inputs(OwnerInputs.of(scenario), scenario.gamma, scenario)
+        return MarketInputs(owners, scenario.gamma, scenario, schema, files, writer)
+    return MarketInputs(OwnerInputs.of(scenario), scenario.gamma, scenario)
 
 
 def _drive(
     config: MarketConfig,
-    inputs: _Inputs,
+    inputs: MarketInputs,
     run_plan: RunPlan,
     journal: Path,
     snapshot: Any,
@@ -241,7 +243,7 @@ def run_market(
         raise ConfigError(f"{out}: already holds a finished run (report.json); choose --out")
     attempt = len(list((out / ".ingest").glob("attempt-*"))) if (out / ".ingest").exists() else 0
     attempt_dir = out / ".ingest" / f"attempt-{attempt}"
-    inputs = _inputs(config, out, headers, attempt_dir)
+    inputs = market_inputs(config, out, headers, attempt_dir)
     run_plan = plan_run(config, inputs.owners, inputs.gamma, inputs.files)
     if before_start is not None and snapshot is None:
         before_start(run_plan)
@@ -269,7 +271,7 @@ def run_market(
 def market_outcome(
     config: MarketConfig,
     out: Path,
-    inputs: _Inputs,
+    inputs: MarketInputs,
     payload: Any,
     ray_info: dict[str, Any],
     timings: dict[str, float],

@@ -176,7 +176,7 @@ def secure_phases(
         if name in handles:
             ray.kill(handles[name], no_restart=True)
     progress("owners: compiling sketch kernels")
-    _gather_alive([h.warm_up.remote() for h in unique_actors(market.owners)])
+    gather_alive([h.warm_up.remote() for h in unique_actors(market.owners)])
     progress("secure sums: normalise and scan")
     market.compute_nodes = handles  # killed with the market
     restarts = 0
@@ -200,7 +200,7 @@ def secure_phases(
     return result
 
 
-def _gather_alive(calls: list[Any]) -> list[Any]:
+def gather_alive(calls: list[Any]) -> list[Any]:
     """``ray.get`` of each call, None for one whose actor died (``RayActorError``): an owner
     lost before the secure sums is absent from their rounds, and the rounds' T-tolerance
     decides (actors/dca.py), not an exception here."""
@@ -226,7 +226,7 @@ def _spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     from dpmarket.protocol.securesum.sealing import generate_keypair
 
     owners, dca = market.owners, prep.config
-    publics = _gather_alive([owners[o].dca_identity.remote(o) for o in dca.clients])
+    publics = gather_alive([owners[o].dca_identity.remote(o) for o in dca.clients])
     # an owner whose actor died before it answered is pinned to a key nobody holds (its
     # private half is dropped here): it cannot register, so it is absent from every round
     client_keys = {

@@ -48,13 +48,13 @@ from dpmarket.actors.market import (
     EXIT_OK,
     EXIT_REFUSED,
     JOURNAL_DIR,
+    MarketInputs,
     MarketOutcome,
-    _Inputs,
-    _inputs,
+    market_inputs,
     market_outcome,
     purchase,
 )
-from dpmarket.actors.phases import _gather_alive, prepare_secure
+from dpmarket.actors.phases import gather_alive, prepare_secure
 from dpmarket.actors.placement import preflight_owners, require_placeable
 from dpmarket.actors.preflight import RunPlan, plan_run
 from dpmarket.actors.requests import request_config
@@ -67,8 +67,8 @@ INDEX = "requests.json"
 
 
 def _request_inputs(
-    config: MarketConfig, base: _Inputs, headers: dict[str, bool], rejects_dir: Path
-) -> _Inputs:
+    config: MarketConfig, base: MarketInputs, headers: dict[str, bool], rejects_dir: Path
+) -> MarketInputs:
     """A request's inputs: the owners' side shared (``base``), the consumer's files its own."""
     if config.source != "files":
         return base  # a simulated source draws one validation set for every request
@@ -104,7 +104,7 @@ def run_requests(
         headers |= check_inputs(c).headers if c.source == "files" else {}
     ingest = out / ".ingest"
     attempt_dir = ingest / f"attempt-{len(list(ingest.glob('attempt-*')))}"
-    base = _inputs(configs[0], out, headers, attempt_dir)
+    base = market_inputs(configs[0], out, headers, attempt_dir)
     inputs, plans = [], []
     for r, c in zip(todo, configs, strict=True):
         own = _request_inputs(c, base, headers, out / "requests" / r.name / ".ingest")
@@ -197,7 +197,7 @@ def _kill(handle: Any) -> None:
 
 
 def _start_ingest(
-    owners: dict[str, Any], base: _Inputs, config: MarketConfig, attempt_dir: Path
+    owners: dict[str, Any], base: MarketInputs, config: MarketConfig, attempt_dir: Path
 ) -> None:
     """Owners' files readable on their nodes, every actor's dpmarket the driver's (or exit 2);
     then the tailers start, once for every request, and a simulated stream starts writing."""
@@ -220,7 +220,7 @@ def _start_ingest(
 
 def _one_request(
     config: MarketConfig,
-    inputs: _Inputs,
+    inputs: MarketInputs,
     plan: RunPlan,
     owners: dict[str, Any],
     out: Path,
@@ -242,7 +242,7 @@ def _one_request(
     else:
         gates = owner_gates(config, params, ledger_run) or {}
         handles = unique_actors(owners)
-        replies = _gather_alive(  # an owner actor lost earlier is absent (counts against T)
+        replies = gather_alive(  # an owner actor lost earlier is absent (counts against T)
             [
                 h.begin_request.remote(
                     config.name,

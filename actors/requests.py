@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 from dpmarket.actors.budget_config import (
     OwnerBudget,
-    _check_existing,
-    _delta,
-    _epsilon,
-    _path,
+    cap_delta,
+    cap_epsilon,
+    check_existing_store,
+    store_path,
 )
 from dpmarket.actors.config_checks import ConfigError, integer, summary_error
 from dpmarket.protocol.summary.params import ParamError
@@ -87,7 +87,7 @@ def _file(path: str, key: str, value: object) -> str:
     base = Path(path).parent
     if not isinstance(value, str) or not (base / value).is_file():
         raise ConfigError(f"{path}: {key}: file {value!r} not found")
-    return str(_path(base, path, key, value))
+    return str(store_path(base, path, key, value))
 
 
 def _consumer(
@@ -104,19 +104,19 @@ def _consumer(
         )
     base = Path(path).parent
     if "ledger" in table:
-        store = _path(base, path, f"{key}.ledger", table["ledger"])
+        store = store_path(base, path, f"{key}.ledger", table["ledger"])
     elif privacy.get("ledger_dir") is not None:
-        store = _path(base, path, "[privacy].ledger_dir", privacy["ledger_dir"])
+        store = store_path(base, path, "[privacy].ledger_dir", privacy["ledger_dir"])
         store = store / f"consumer-{name}.sqlite"
     else:
         raise ConfigError(
             f"{path}: {key}: a budget needs a store: set {key}.ledger or [privacy].ledger_dir"
         )
-    _check_existing(path, "consumer", store)
+    check_existing_store(path, "consumer", store)
     return OwnerBudget(
         str(store),
-        _epsilon(path, f"{key}.budget.epsilon", budget["epsilon"]),
-        _delta(path, f"{key}.budget.delta", budget["delta"]),
+        cap_epsilon(path, f"{key}.budget.epsilon", budget["epsilon"]),
+        cap_delta(path, f"{key}.budget.delta", budget["delta"]),
     )
 
 
@@ -195,7 +195,7 @@ def _owner_stores(data: dict[str, Any], path: str) -> set[str]:
     base = Path(path).parent
     owners = data.get("owners", {})
     return {
-        str(_path(base, path, f"[owners.{n}].ledger", t["ledger"]))
+        str(store_path(base, path, f"[owners.{n}].ledger", t["ledger"]))
         for n, t in (owners.items() if isinstance(owners, dict) else [])
         if isinstance(t, dict) and "ledger" in t
     }
