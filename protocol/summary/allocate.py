@@ -1,9 +1,9 @@
 """Allocate, then select (issue 18): a parsimonious purchase of about ``max_points`` points.
 
-Theory of operation (rule "mixture"; the default rule "histogram" replaces steps 1-2 and is
-described in allocate_rank.py) -- with ``CuratorParams.allocate`` the run has three steps, and
-the curator never receives more
-than ``max_points`` distinct owner points (protocol/summary/epochs.py enforces the budget):
+Theory of operation (rule "mixture"; the default rule "histogram" replaces steps 1-2, see
+allocate_rank.py) -- with ``CuratorParams.allocate`` the run has three steps, and the curator
+never receives more than ``max_points`` distinct owner points (protocol/summary/epochs.py
+enforces the budget):
 
 1. *Profile epoch* (epoch 1, ``EpochBody.profile_sigma > 0``). The curator sends a public
    frame (:func:`profile_frame`: k orthonormal directions spanned by g_tilde and the public seed
