@@ -173,7 +173,8 @@ class MarketConfig:
             budget = self.overrides.get("max_points")
             p = max(2, self.summary_size)
             budget = budget if isinstance(budget, int) and budget >= p else None
-            extra = plan_allocation(PLAN_EPS_OWNER, self.delta, p, budget)
+            rule = "mixture" if self.overrides.get("allocation_rule") == "mixture" else "histogram"
+            extra = plan_allocation(PLAN_EPS_OWNER, self.delta, p, budget, rule)
         return dataclasses.replace(base, **(plan.overrides() | extra | self.overrides))
 
     def public_record(self) -> dict[str, Any]:

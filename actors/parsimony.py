@@ -34,7 +34,12 @@ __all__ = [
     "parsimony_params",
 ]
 
-PARSIMONY_MECHANISMS = ("allocate-select", "herding-select", "herding-pure-select", "random-select")
+PARSIMONY_MECHANISMS = (
+    "allocate-select", "allocate-mixture-select", "herding-select", "herding-pure-select",
+    "random-select",
+)  # fmt: skip
+"""allocate-select: score histograms (protocol/summary/allocate_rank.py); allocate-mixture-
+select: the earlier rule, DP means in a public frame (allocate.py)."""
 FACTORS = ("1", "1.5", "2", "3", "K+1")
 """max_points as a multiple of p; "K+1": (K + 1) p, what herding-select accesses unbounded."""
 
@@ -60,9 +65,11 @@ def parsimony_params(
 ) -> CuratorParams:
     """CuratorParams of ``mechanism`` capped at ``max_points`` distinct points; allocate-select
     splits exactly that budget (protocol/summary/allocate.py)."""
-    if mechanism == "allocate-select":
+    if mechanism in ("allocate-select", "allocate-mixture-select"):
         base = mechanism_params("herding-select", dataset, p, scenario, seed, budget)
-        return dataclasses.replace(base, **plan_allocation(budget[0], budget[2], p, max_points))
+        rule = "mixture" if mechanism == "allocate-mixture-select" else "histogram"
+        plan = plan_allocation(budget[0], budget[2], p, max_points, rule)
+        return dataclasses.replace(base, **plan)
     base = mechanism_params(mechanism, dataset, p, scenario, seed, budget)
     return dataclasses.replace(base, max_points=max_points)
 

@@ -1,9 +1,9 @@
 """Allocate, then select (issue 18): a parsimonious purchase of about ``max_points`` points.
 
-Theory of operation
--------------------
-With ``CuratorParams.allocate`` the run has three steps, and the curator never receives more
-than ``max_points`` distinct owner points (protocol/summary/epochs.py enforces the budget):
+Theory of operation (rule "mixture"; the default rule "histogram" replaces steps 1-2, see
+allocate_rank.py) -- with ``CuratorParams.allocate`` the run has three steps, and the curator
+never receives more than ``max_points`` distinct owner points (protocol/summary/epochs.py
+enforces the budget):
 
 1. *Profile epoch* (epoch 1, ``EpochBody.profile_sigma > 0``). The curator sends a public
    frame (:func:`profile_frame`: k orthonormal directions spanned by g_tilde and the public seed
@@ -58,10 +58,12 @@ import numpy.typing as npt
 from scipy.optimize import nnls
 
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.summary.allocate_rank import histogram_weights, score_frame
 from dpmarket.protocol.summary.auction import TransferCounter
 from dpmarket.protocol.summary.messages import EpochBody
 from dpmarket.protocol.summary.params import CuratorParams
 from dpmarket.protocol.summary.plan import gaussian_noise_multiplier
+from dpmarket.protocol.summary.releases import validation_frame
 from dpmarket.protocol.summary.selection import PurchasedPool
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 
@@ -253,9 +255,10 @@ def quotas(
 
 
 def plan_allocation(
-    eps_owner: float, delta: float, p: int, max_points: int | None = None
+    eps_owner: float, delta: float, p: int, max_points: int | None = None, rule: str = "histogram"
 ) -> dict[str, Any]:
-    """CuratorParams overrides of allocate-select on top of a herding plan (plan.py).
+    """CuratorParams overrides of allocate-select on top of a herding plan (plan.py); ``rule``
+    "histogram" (allocate_rank.py, g_tilde centred on the seed mean) or "mixture".
 
     The profile is the only owner event of the run, so its noise multiplier is the one that
     spends ``eps_owner`` at ``delta`` (analytic Gaussian, a 1e-4 margin for the PLD's
@@ -267,6 +270,8 @@ def plan_allocation(
         raise ValueError(f"max_points must be >= p = {p}, got {budget}")
     return {
         "allocate": True,
+        "allocation_rule": rule,
+        "validation_center": "seed" if rule == "histogram" else "origin",
         "allocation_sigma": gaussian_noise_multiplier(eps_owner * (1.0 - 1e-4), delta),
         "max_points": budget,
         "final_selection": "exact",
@@ -311,6 +316,12 @@ class AllocationCycle:
         p = self.params
         if not p.allocate:
             return EpochBody(g_summary, q, explore=explore)
+        if number == 1 and p.allocation_rule == "histogram":  # allocate_rank.py
+            u, c, edges = score_frame(self._g_validation, self._H_seed)
+            return EpochBody(
+                np.zeros(p.d), 0, profile_sigma=p.allocation_sigma, profile_clip=1.0,
+                profile_basis=u, profile_center=c, profile_edges=edges,
+            )  # fmt: skip
         if number == 1:
             frame = self._frame()
             return EpochBody(
@@ -331,7 +342,9 @@ class AllocationCycle:
     def _take_profile(self, owner: str, mean: npt.ArrayLike, records: int) -> None:
         """Keep ``owner``'s profile (the first one received counts; a resend is ignored)."""
         g = np.asarray(mean, dtype=np.float64)
-        k = len(self._frame().basis)
+        histogram = self.params.allocation_rule == "histogram"
+        k = len(score_frame(self._g_validation, self._H_seed)[2]) + 1 if histogram else 0
+        k = k or len(self._frame().basis)
         if g.shape != (k,) or not np.isfinite(g).all():
             raise RemoteProtocolError(
                 f"summary.profile.mean: expected {k} finite values, got shape {g.shape}"
@@ -344,19 +357,33 @@ class AllocationCycle:
         if self.quotas is not None:
             return
         p = self.params
+        histogram = p.allocation_rule == "histogram"
+        label = (
+            "allocation score histogram, sensitivity sqrt(2) (units)" if histogram
+            else "allocation profile: mean h1, sensitivity 2 clip / n_i (units)"
+        )  # fmt: skip
         for owner in sorted(self.profiles):
             self.ledgers[owner].gaussian(
-                p.allocation_sigma, 1.0, label="allocation profile: mean h1, sensitivity "
-                "2 clip / n_i (units)", neighbouring="replace one record of this owner",
-            )  # fmt: skip
+                p.allocation_sigma,
+                1.0,
+                label=label,
+                neighbouring="replace one record of this owner",
+            )
         budget = p.max_points if p.max_points is not None else math.ceil(1.5 * p.p)  # checked
+        if histogram:
+            weights = histogram_weights(self.profiles, self.records, budget)
+            for owner in self.owners:  # an owner without a histogram gets no quota
+                weights.setdefault(owner, 0.0)
+            self.quotas = quotas(weights, budget, {o: self.records.get(o, 0) for o in self.owners})
+            return
         frame = self._frame()
         target = frame.basis @ (self._g_validation - frame.center)
         sd = {
             o: profile_scale(p.allocation_sigma, frame.radius, self.records.get(o, 0))
             for o in self.profiles
         }
-        target_sd = p.validation_sigma * p.sensitivity * p.clip_norm / self.validation_size
+        v_clip = validation_frame(p, self._H_seed)[1]
+        target_sd = p.validation_sigma * p.sensitivity * v_clip / self.validation_size
         public = smoothing_generator(p.h1_seed)
         weights = (
             smoothed_weights(self.profiles, target, sd, target_sd, public) if self.profiles else {}

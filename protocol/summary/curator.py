@@ -171,8 +171,9 @@ class Curator(EpochCycle):
         # g_tilde and the summary channel (protocol/summary/releases.py, channels.py; both record
         # their events). The "mwem" channel warms h2 up on the public seed set here, free of
         # privacy cost.
+        seed = (self._H_seed,) if p.validation_center == "seed" else ()  # the public seed set
         g_validation = release_validation(
-            self._H_validation, p, self.ledgers["validation"], self._rng
+            self._H_validation, p, self.ledgers["validation"], self._rng, *seed
         )
         self._g_validation = g_validation
         self._summary_channel = make_summary_channel(

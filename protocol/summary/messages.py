@@ -78,7 +78,9 @@ class EpochBody(Body):
     (protocol/summary/selection.py). ``profile_sigma`` > 0 (added later, optional): instead of
     bidding, release the DP profile: the mean of ``profile_basis @ (h1(x) - profile_center)``
     (k x d, row-major) clipped to norm ``profile_clip``, with that noise multiplier
-    (protocol/summary/allocate.py)."""
+    (protocol/summary/allocate.py). ``profile_edges`` (added later, optional): release instead
+    the DP histogram of ``profile_basis . (h1(x) - profile_center)`` (1 x d) over these bin
+    edges (protocol/summary/allocate_rank.py)."""
 
     g_summary: Reals
     summary_size: Count
@@ -87,13 +89,15 @@ class EpochBody(Body):
     profile_clip: float = 0.0
     profile_basis: Reals | None = None
     profile_center: Reals | None = None
+    profile_edges: Reals | None = None
 
 
 @register("summary.profile")
 @dataclass(frozen=True, slots=True)
 class ProfileBody(Body):
-    """Owner -> curator: its DP mean of h1 in the profile basis (protocol/summary/allocate.py),
-    noise included, and its record count (fixed under replace-one neighbours)."""
+    """Owner -> curator: its DP mean of h1 in the profile basis (protocol/summary/allocate.py)
+    or its DP score histogram (allocate_rank.py), noise included, and its record count (fixed
+    under replace-one neighbours)."""
 
     mean: Reals
     records: Count = 0

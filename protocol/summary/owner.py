@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.protocol.summary.allocate import ProfileFrame, owner_profile
+from dpmarket.protocol.summary.allocate_rank import owner_histogram
 from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.messages import (
     AskBody,
@@ -255,8 +256,9 @@ class Owner:
         return [self._out.make(msg.sender, msg.round, BidBody(token, float(bids[token])))]
 
     def _release_profile(self, body: EpochBody) -> ProfileBody:
-        """The DP mean of h1 (protocol/summary/allocate.py), drawn once from the owner's own
-        noise generator; a resumed profile epoch gets the same release again (no new noise)."""
+        """The DP mean of h1 (protocol/summary/allocate.py) or, when the epoch names bin edges,
+        the DP histogram of its records' scores (allocate_rank.py), drawn once from the owner's
+        own noise generator; a resumed profile epoch gets the same release again."""
         if self._profile is None:
             if self._rng is None:
                 raise LocalProtocolError(
@@ -279,8 +281,16 @@ class Owner:
                     "summary.epoch.profile_*: expected a finite sigma, a clip > 0 and k x d basis"
                 )
             try:
-                frame = ProfileFrame(basis.reshape(-1, d), center, float(body.profile_clip))
-                self._profile = owner_profile(self._store.HT, frame, body.profile_sigma, self._rng)
+                if body.profile_edges is not None:  # score histogram (allocate_rank.py)
+                    self._profile = owner_histogram(
+                        self._store.HT, basis, center, body.profile_edges, body.profile_sigma,
+                        self._rng,
+                    )  # fmt: skip
+                else:
+                    frame = ProfileFrame(basis.reshape(-1, d), center, float(body.profile_clip))
+                    self._profile = owner_profile(
+                        self._store.HT, frame, body.profile_sigma, self._rng
+                    )
             except ValueError as exc:
                 raise RemoteProtocolError(f"summary.epoch.profile_basis: {exc}") from None
         self._bids = {}

@@ -20,9 +20,11 @@ from dpmarket.protocol.summary.selection import FINAL_SELECTIONS
 from dpmarket.protocol.wire.checks import MAX_ARRAY_BYTES
 
 __all__ = [
+    "ALLOCATION_RULES",
     "CANDIDATE_DISTRIBUTIONS",
     "MAX_D",
     "SUMMARY_RELEASES",
+    "VALIDATION_CENTERS",
     "VALIDATION_RELEASES",
     "CuratorParams",
     "ParamError",
@@ -31,6 +33,8 @@ __all__ = [
 VALIDATION_RELEASES = ("mwem", "gaussian")
 SUMMARY_RELEASES = ("mwem", "gaussian", "tree", "herding")
 CANDIDATE_DISTRIBUTIONS = ("gaussian", "uniform")
+ALLOCATION_RULES = ("mixture", "histogram")
+VALIDATION_CENTERS = ("origin", "seed")
 
 
 # The largest d: g_tilde, g_l and a hashed point are d-vectors of float64 in one frame.
@@ -91,6 +95,8 @@ _FIELD_CHECKS: dict[str, _Spec] = {
     "max_points": ("int", 1, _INF, False, True),
     "allocation_sigma": ("real", 0, _INF, True, False),
     "allocation_dims": ("int", 1, _INF, False, False),
+    "allocation_rule": (ALLOCATION_RULES, 0, 0, False, False),
+    "validation_center": (VALIDATION_CENTERS, 0, 0, False, False),
 }
 _RELATIONS = {
     "d": "expected an integer in 1..{max_d} (a d-vector of float64 fills one frame's array "
@@ -193,6 +199,12 @@ class CuratorParams:
     allocate: bool = False
     allocation_sigma: float = 1.0
     allocation_dims: int = 8  # the public profile basis: g_tilde, seed mean, seed PCs
+    # "mixture": DP means in that basis, mixing weights (allocate.py); "histogram": DP
+    # histograms of the records' scores against g_tilde (allocate_rank.py)
+    allocation_rule: str = "mixture"
+    # g_tilde around the origin (clip clip_norm) or around the public seed mean, clipped at
+    # the seed set's spread (releases.py)
+    validation_center: str = "origin"
     # Public standardisation of the features before h1 (the normalise round's DP means and
     # spreads; None: raw features). Set through Curator.standardize before the run starts.
     center: tuple[float, ...] | None = None

@@ -25,6 +25,11 @@ g_tilde, mean of h1 over the validation set D_v (party ``validation``):
 * ``"mwem"``: h2 of Algorithm 2 (``validation_iterations`` exponential + Laplace steps).
 * ``"gaussian"``: ``(sum clip(h1(v)) + N(0, (z Delta)^2 I)) / m``: one Gaussian event. The noise
   a bid ``h1(x) . g_tilde`` sees is ``N(0, (z Delta / m)^2 ||h1(x)||^2)``, independent of d.
+  With ``validation_center = "seed"`` (allocate-select's histogram rule): ``c + (sum clip(h1(v)
+  - c, r) + N(0, (z Delta)^2 I)) / m``, c the mean of h1 over the public seed set and r the
+  :data:`VALIDATION_CLIP_QUANTILE` quantile of the seed points' distances to c (public), so
+  Delta = 2 r (replace-one; r instead of clip_norm): h1 vectors lie about 0.8 from c but have
+  norm 1, so the same epsilon buys less noise. Same event, charged at that Delta.
 
 Planning (protocol/summary/plan.py, ``plan_releases``): the validation set's whole budget goes
 to its one release; each owner's budget is shared by the summary releases (if any) and the
@@ -55,7 +60,11 @@ __all__ = [
     "public_candidates",
     "relation",
     "release_validation",
+    "validation_frame",
 ]
+
+VALIDATION_CLIP_QUANTILE = 0.9
+"""validation_center = "seed": the clip r is this quantile of the seed's distances to c."""
 
 F64 = npt.NDArray[np.float64]
 
@@ -80,18 +89,34 @@ def relation(params: CuratorParams) -> str:
     return ADD_REMOVE if params.neighbouring == "add_remove" else REPLACE_ONE_RECORD
 
 
+def validation_frame(params: CuratorParams, H_seed: npt.ArrayLike | None) -> tuple[F64, float]:
+    """Center and clip of the Gaussian validation release: (0, clip_norm), or with
+    ``validation_center = "seed"`` the public seed set's mean and spread (module docstring)."""
+    if params.validation_center != "seed":
+        return np.zeros(params.d), float(params.clip_norm)
+    S = np.asarray(H_seed if H_seed is not None else [], dtype=np.float64)
+    if S.ndim != 2 or len(S) < 2 or S.shape[1] != params.d:
+        raise ValueError(f"validation_center = 'seed' needs >= 2 hashed seed points of {params.d}")
+    center = S.mean(axis=0)
+    distances = np.linalg.norm(S - center, axis=1)
+    radius = float(np.quantile(distances, VALIDATION_CLIP_QUANTILE))
+    return np.asarray(center, dtype=np.float64), min(max(radius, 1e-6), float(params.clip_norm))
+
+
 def release_validation(
     H_validation: npt.ArrayLike,
     params: CuratorParams,
     ledger: PrivacyLedger,
     rng: np.random.Generator,
+    H_seed: npt.ArrayLike | None = None,
 ) -> F64:
     """Release g_tilde by ``params.validation_release`` and record it in ``ledger``.
 
     "mwem": Algorithm 2 at ``eps_validation`` for ``validation_iterations`` steps, each an
     exponential mechanism (charged 2 eps, pure) and a Laplace(1/eps) step (eps; the paper's
     count). "gaussian": one Gaussian mechanism of L2 sensitivity Delta (module docstring) and
-    noise ``validation_sigma * Delta``; m = |D_v| is public.
+    noise ``validation_sigma * Delta``; m = |D_v| is public. ``H_seed`` (the hashed public seed
+    set) is needed by ``validation_center = "seed"`` only.
     """
     H = np.asarray(H_validation)
     if params.validation_release == "mwem":
@@ -104,13 +129,14 @@ def release_validation(
         return np.asarray(release.mean, dtype=np.float64)
     if params.validation_release != "gaussian":
         raise ValueError(f"validation_release must be one of {VALIDATION_RELEASES}")
-    delta_l2 = gaussian_delta(params)
+    center, clip = validation_frame(params, H_seed)
+    delta_l2 = clip * params.sensitivity
     sigma = params.validation_sigma * delta_l2
-    noisy = clip_rows(H, params.clip_norm).sum(axis=0) + rng.normal(0.0, sigma, H.shape[1])
-    ledger.gaussian(
-        sigma, delta_l2, label="gaussian(validation mean)", neighbouring=relation(params)
-    )
-    return np.asarray(noisy / H.shape[0], dtype=np.float64)
+    rows = clip_rows(np.asarray(H, dtype=np.float64) - center, clip)
+    noisy = rows.sum(axis=0) + rng.normal(0.0, sigma, H.shape[1])
+    label = "gaussian(validation mean)" + (" around the seed mean" if center.any() else "")
+    ledger.gaussian(sigma, delta_l2, label=label, neighbouring=relation(params))
+    return np.asarray(center + noisy / H.shape[0], dtype=np.float64)
 
 
 def public_candidates(params: CuratorParams, n_features: int) -> F64:

@@ -47,6 +47,14 @@ def test_allocate_in_a_config_plans_the_profile_noise_and_the_budget(tmp_path: P
     assert params.allocate and params.final_selection == "exact" and params.explore_share == 0
     assert params.max_points == math.ceil(1.5 * config.summary_size)
     assert params.allocation_sigma > 1.0  # eps_owner = 1 at delta 1e-5: z about 4.4
+    # the default rule: score histograms, g_tilde around the seed mean
+    assert params.allocation_rule == "histogram" and params.validation_center == "seed"
+    mixture = path.read_text(encoding="utf-8").replace(
+        "allocate = true", 'allocate = true\nallocation_rule = "mixture"', 1
+    )
+    path.write_text(mixture, encoding="utf-8")
+    params = load_market_config(path).curator_params(gamma=0.5, m=200)
+    assert params.allocation_rule == "mixture" and params.validation_center == "origin"
 
 
 def test_report_json_and_the_cli_print_points_accessed_against_the_budget(

@@ -116,6 +116,8 @@ CASES = [
     ("summary.max_points", "'few'", "[summary].max_points: expected an integer"),
     ("summary.allocate", "'yes'", "[summary].allocate: expected true or false"),
     ("summary.allocation_sigma", "0", "[summary].allocation_sigma: expected a finite number > 0"),
+    ("summary.allocation_rule", "'median'", "[summary].allocation_rule: expected one of"),
+    ("summary.validation_center", "'test'", "[summary].validation_center: expected one of"),
     # [faults]: epochs >= 1, owners and compute nodes known
     ("faults.kill", "{ owner-9 = 2 }", "[faults].kill: unknown owners ['owner-9']"),
     ("faults.kill", "{ owner-1 = 0 }", "[faults].kill.owner-1"),

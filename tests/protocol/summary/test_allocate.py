@@ -94,12 +94,14 @@ def test_mixing_weights_recover_a_mixture_and_quotas_split_the_budget() -> None:
     assert sum(quotas(w, 75, caps=dict.fromkeys(w, 10)).values()) == 40  # all caps bind
 
 
-def _allocate_run(scenario: Scenario, seed: int) -> tuple[Curator, list[Owner]]:
+def _allocate_run(
+    scenario: Scenario, seed: int, rule: str = "histogram"
+) -> tuple[Curator, list[Owner]]:
     base = small_params(
         scenario, summary_release="herding", validation_release="gaussian", tau=1,
         auction_variant="pure", eps_auction=1e-6, max_deliveries=1, final_selection="exact",
     )  # fmt: skip
-    params = dataclasses.replace(base, **plan_allocation(0.8, 1e-5, base.p, 15))
+    params = dataclasses.replace(base, **plan_allocation(0.8, 1e-5, base.p, 15, rule))
     curator = small_curator(RUN, scenario, params, seed)
     owners = [
         Owner(
@@ -113,8 +115,12 @@ def _allocate_run(scenario: Scenario, seed: int) -> tuple[Curator, list[Owner]]:
     return curator, owners
 
 
-def test_each_owner_is_charged_its_own_profile_once_and_nothing_else(scenario: Scenario) -> None:
-    curator, _ = _allocate_run(scenario, 0)
+@pytest.mark.parametrize("rule", ["histogram", "mixture"])
+def test_each_owner_is_charged_its_own_profile_once_and_nothing_else(
+    scenario: Scenario, rule: str
+) -> None:
+    curator, _ = _allocate_run(scenario, 0, rule)
+    assert curator.params.allocation_rule == rule
     z = curator.params.allocation_sigma
     for owner in scenario.owner_names:
         events = curator.ledgers[owner].events
@@ -122,7 +128,8 @@ def test_each_owner_is_charged_its_own_profile_once_and_nothing_else(scenario: S
         (event,) = events
         assert event.mechanism == "gaussian" and event.count == 1
         assert dict(event.parameters)["sigma"] == pytest.approx(z) and event.sensitivity == 1.0
-        assert "allocation profile" in event.label and "replace" in event.neighbouring
+        what = "score histogram" if rule == "histogram" else "allocation profile"
+        assert what in event.label and "replace" in event.neighbouring
         assert curator.ledgers[owner].epsilon(1e-5) == pytest.approx(0.8, rel=1e-3)
     validation = curator.ledgers["validation"].events
     assert [e.mechanism for e in validation] == ["gaussian"]  # g_tilde only
@@ -172,7 +179,10 @@ def test_an_owner_refuses_a_profile_below_the_operators_floor(
     assert owner._profile is None and rng.bit_generator.state == state
 
 
-def test_a_curious_owner_sees_another_owner_only_through_its_profile(scenario: Scenario) -> None:
+@pytest.mark.parametrize("rule", ["histogram", "mixture"])
+def test_a_curious_owner_sees_another_owner_only_through_its_profile(
+    scenario: Scenario, rule: str
+) -> None:
     """Adversary view: owner A records every frame it receives. Owner B's records change
     while B's released profile is held fixed; A's frames and ledger stay byte-identical."""
     from dpmarket.actors.transport import FaultPlan
@@ -182,7 +192,7 @@ def test_a_curious_owner_sees_another_owner_only_through_its_profile(scenario: S
         scenario, summary_release="herding", validation_release="gaussian", tau=1,
         auction_variant="pure", eps_auction=1e-6, max_deliveries=1, final_selection="exact",
     )  # fmt: skip
-    params = dataclasses.replace(base, **plan_allocation(1.0, 1e-5, base.p, 15))
+    params = dataclasses.replace(base, **plan_allocation(1.0, 1e-5, base.p, 15, rule))
     a, b = scenario.owner_names[3], scenario.owner_names[1]
     fixed: np.ndarray | None = None
     views = []
