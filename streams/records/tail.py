@@ -21,7 +21,8 @@ the file is found again under its new name and read to its end. A generation no 
 path and idle for ``rotate_wait`` is finished: its partial last record is a ``truncated`` reject
 (never decoded as if it were complete); bytes appended later are read as new lines. A held
 partial record is never glued onto bytes of another generation, and a line without its newline
-is never a record.
+is never a record. Head and mark are checked again after each read: bytes read from a file
+copytruncated since the poll's checks are dropped, never taken as the old generation's.
 
 Limits. Bytes written to a copytruncated file after the copy and before the truncation exist
 nowhere; a truncation to a non-zero length regrown past the read offset before a poll has an
@@ -99,6 +100,14 @@ class TailBatch:
 
 def _mark(fd: int, offset: int) -> bytes:
     return os.pread(fd, min(offset, MARK_BYTES), max(0, offset - MARK_BYTES))
+
+
+def _intact(gen: Gen, fd: int) -> bool:
+    """Whether ``fd`` still holds ``gen``'s head and its bytes before the read offset (checked
+    after reading: a copytruncate between a poll's checks and its read is caught)."""
+    before = gen.mark + gen.buffer
+    kept = os.pread(fd, len(before), gen.offset - len(gen.mark)) == before
+    return kept and prefix_match(os.pread(fd, HEAD_BYTES, 0), gen.head)
 
 
 class FileTailer:
@@ -318,14 +327,21 @@ class FileTailer:
         grew, gen.size = size > gen.size, size
         if size <= gen.read_offset:
             return grew
-        gen.done, gen.idle_since = False, None
         data = os.pread(fd, min(self.chunk_size, size - gen.read_offset), gen.read_offset)
         out = self.decoder.decode(
             gen.buffer + data, gen.offset, final=False, mid_record=gen.mid_record
         )
-        gen.offset, gen.buffer = gen.read_offset + len(data) - len(out.remainder), out.remainder
-        gen.mid_record = out.mid_record
-        gen.mark = _mark(fd, gen.offset)
+        offset = gen.read_offset + len(data) - len(out.remainder)
+        mark = _mark(fd, offset)
+        if not _intact(gen, fd):  # replaced since this poll's checks: what was read may be the
+            return True  # next generation's (and the mark too); the next poll sees which
+        gen.done, gen.idle_since = False, None
+        gen.offset, gen.buffer, gen.mid_record, gen.mark = (
+            offset,
+            out.remainder,
+            out.mid_record,
+            mark,
+        )
         if len(out.batch) or out.batch.rejects:
             self._emit(gen, out.batch)
         return True

@@ -104,3 +104,38 @@ def test_the_cut_flag_survives_a_restart_and_old_states_load(tmp_path: Path) -> 
     path.write_text(json.dumps(raw))
     loaded = load_state(path)
     assert loaded is not None and [f.cut for f in loaded.files] == [False, False]
+
+
+@pytest.mark.asyncio
+async def test_copytruncate_between_the_checks_and_the_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer copytruncates (and writes the next generation's first line) after a poll
+    checked the file and before it read the new bytes: the bytes read then are not the
+    generation's, and the bytes before the offset must not be taken from the new content (the
+    copy would no longer match and be read from 0: 84..87 again, already committed)."""
+    path = tmp_path / "x.log"
+    path.write_bytes(lines(range(84, 88)))
+    cut = path.stat().st_size
+    tailer = FileTailer(path, CsvDecoder(SCHEMA), tmp_path / "state", pattern="x.log*",
+                        fsync=False)  # fmt: skip
+    real_pread, fired = os.pread, []
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        if offset == cut and n > 0 and not fired:  # the read of the bytes after 87
+            fired.append(True)
+            shutil.copyfile(path, tmp_path / "x.log.1")
+            os.truncate(path, 0)
+            append(path, lines(range(123, 124)))
+        return real_pread(fd, n, offset)
+
+    async with tailer:
+        assert await poll(tailer) == [(84, 0, "x.log"), (85, 8, "x.log"), (86, 16, "x.log"),
+                                      (87, 24, "x.log")]  # fmt: skip
+        append(path, lines(range(88, 91)))
+        monkeypatch.setattr(os, "pread", pread)
+        taken = await poll(tailer, 5)
+        monkeypatch.undo()
+        assert fired
+    assert sorted(taken) == [(88, 32, "x.log.1"), (89, 40, "x.log.1"), (90, 48, "x.log.1"),
+                             (123, 0, "x.log")]  # fmt: skip
