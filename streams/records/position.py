@@ -27,8 +27,9 @@ class FileState:
     """One generation of one file: identity (``device``, ``inode``, ``head``: its first bytes
     as seen, at most ``HEAD_BYTES``), ``offset`` (a record boundary), ``mark`` (the bytes just
     before ``offset``, to see a file rewritten under the same inode), the decoder's
-    ``mid_record`` flag, whether the generation is ``done`` (rotated and finished) and its last
-    known name ``source``."""
+    ``mid_record`` flag, whether the generation is ``done`` (rotated and finished), its last
+    known name ``source`` and whether it began at a ``cut`` (a truncation seen, not read from 0;
+    see :mod:`~dpmarket.streams.records.generation`)."""
 
     device: int
     inode: int
@@ -38,6 +39,7 @@ class FileState:
     mid_record: bool = False
     done: bool = False
     source: str = ""
+    cut: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,7 @@ class TailState:
 def _file_json(f: FileState) -> dict[str, object]:
     return {"device": f.device, "inode": f.inode, "head": f.head.hex(), "offset": f.offset,
             "mark": f.mark.hex(), "mid_record": f.mid_record, "done": f.done,
-            "source": f.source}  # fmt: skip
+            "source": f.source, "cut": f.cut}  # fmt: skip
 
 
 def _file_of(raw: dict[str, object]) -> FileState:
@@ -68,6 +70,7 @@ def _file_of(raw: dict[str, object]) -> FileState:
         bool(raw["mid_record"]),
         bool(raw["done"]),
         str(raw["source"]),
+        bool(raw.get("cut", False)),  # absent in states written before it existed
     )
 
 

@@ -9,7 +9,10 @@ one file identity: device and inode plus its first bytes (``head``), and the byt
 the read offset (``mark``). Every poll lists the glob, and for each known inode re-checks head,
 mark and the held partial record against the file, so a truncate-and-regrow is seen even when
 the file grew past the read offset: a changed head is a new generation read from 0; a file
-shorter than the read offset was truncated and is read on from its new length. The replaced
+shorter than the read offset was truncated and is read on from its new length, once its orphan
+expired with no copy (its bytes may be new content repeating the old head: a copy of the
+orphan means it was emptied, and it is read from 0; see "Doubt" in
+:mod:`~dpmarket.streams.records.generation`). The replaced
 generation stays as an *orphan* for a while so that a copy of it (copytruncate: a new inode
 whose head and mark match) is adopted at the orphan's offset; a new inode matching a generation
 that is still live is a copy in progress and is left alone. A rename (``x.log -> x.log.1 ->
@@ -18,7 +21,8 @@ the file is found again under its new name and read to its end. A generation no 
 path and idle for ``rotate_wait`` is finished: its partial last record is a ``truncated`` reject
 (never decoded as if it were complete); bytes appended later are read as new lines. A held
 partial record is never glued onto bytes of another generation, and a line without its newline
-is never a record.
+is never a record. Head and mark are checked again after each read: bytes read from a file
+copytruncated since the poll's checks are dropped, never taken as the old generation's.
 
 Limits. Bytes written to a copytruncated file after the copy and before the truncation exist
 nowhere; a truncation to a non-zero length regrown past the read offset before a poll has an
@@ -55,8 +59,15 @@ from dpmarket.streams.records.files import (
     decoder_for,
     format_of,
 )
+from dpmarket.streams.records.generation import (
+    HEAD_BYTES,
+    MARK_BYTES,
+    ORPHAN,
+    Gen,
+    doubt_of,
+    prefix_match,
+)
 from dpmarket.streams.records.position import (
-    FileState,
     TailState,
     cut_rejects,
     load_state,
@@ -64,9 +75,6 @@ from dpmarket.streams.records.position import (
 )
 
 __all__ = ["FileTailer", "TailBatch"]
-
-HEAD_BYTES, MARK_BYTES = 256, 64
-ORPHAN = -1  # the device of an orphan in the state file (a generation kept for its copy)
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,40 +98,16 @@ class TailBatch:
         return len(self.records)
 
 
-@dataclass
-class _Gen:
-    """One generation being read: the persisted part plus the held partial record."""
-
-    device: int
-    inode: int
-    head: bytes
-    offset: int
-    mark: bytes = b""
-    mid_record: bool = False
-    done: bool = False
-    source: str = ""
-    buffer: bytes = b""
-    size: int = 0
-    idle_since: float | None = None
-    orphaned: int = 0  # the poll at which it became an orphan
-    missing: int = 0  # consecutive polls whose listing missed it
-
-    @property
-    def read_offset(self) -> int:
-        return self.offset + len(self.buffer)
-
-    def frozen(self, orphan: bool = False) -> FileState:
-        device = ORPHAN if orphan else self.device
-        return FileState(device, self.inode, self.head, self.offset, self.mark,
-                         self.mid_record, self.done, self.source)  # fmt: skip
-
-
-def _prefix_match(a: bytes, b: bytes) -> bool:
-    return a[: len(b)] == b[: len(a)]
-
-
 def _mark(fd: int, offset: int) -> bytes:
     return os.pread(fd, min(offset, MARK_BYTES), max(0, offset - MARK_BYTES))
+
+
+def _intact(gen: Gen, fd: int) -> bool:
+    """Whether ``fd`` still holds ``gen``'s head and its bytes before the read offset (checked
+    after reading: a copytruncate between a poll's checks and its read is caught)."""
+    before = gen.mark + gen.buffer
+    kept = os.pread(fd, len(before), gen.offset - len(gen.mark)) == before
+    return kept and prefix_match(os.pread(fd, HEAD_BYTES, 0), gen.head)
 
 
 class FileTailer:
@@ -162,10 +146,11 @@ class FileTailer:
         self.poll_interval, self.rotate_wait = poll_interval, rotate_wait
         self.chunk_size = chunk_size
         self.committed: TailState = load_state(self.state_path) or TailState()
-        self._gens: dict[tuple[int, int], _Gen] = {}
-        self._orphans: list[_Gen] = []
+        self._gens: dict[tuple[int, int], Gen] = {}
+        self._orphans: list[Gen] = []
         for f in self.committed.files:
-            gen = _Gen(f.device, f.inode, f.head, f.offset, f.mark, f.mid_record, f.done, f.source)
+            gen = Gen(f.device, f.inode, f.head, f.offset, f.mark, f.mid_record, f.done, f.source,
+                      f.cut)  # fmt: skip
             if f.device == ORPHAN:
                 self._orphans.append(gen)
             else:
@@ -264,20 +249,19 @@ class FileTailer:
             self._finish(orphan, "file truncated")
         return progressed
 
-    def _known(self, gen: _Gen, fd: int, path: Path) -> bool:
+    def _known(self, gen: Gen, fd: int, path: Path) -> bool:
         """Re-check a known inode's generation against the file, then read on."""
         size = os.fstat(fd).st_size
         head = os.pread(fd, min(size, HEAD_BYTES), 0)
         gen.source = str(path)
-        if not _prefix_match(head, gen.head) or (size == 0 and gen.read_offset > 0):
+        if not prefix_match(head, gen.head) or (size == 0 and gen.read_offset > 0):
             self._orphan(gen)  # new content under the same inode (or emptied): from 0
-            self._gens[gen.device, gen.inode] = _Gen(
-                gen.device, gen.inode, b"", 0, source=str(path)
-            )
+            self._gens[gen.device, gen.inode] = Gen(gen.device, gen.inode, b"", 0, source=str(path))
             return self._read(self._gens[gen.device, gen.inode], fd, size, head)
         if size < gen.read_offset:  # truncated in place: read on from the new length
             self._orphan(gen)
-            fresh = _Gen(gen.device, gen.inode, head, size, _mark(fd, size), source=str(path))
+            mark = _mark(fd, size)
+            fresh = Gen(gen.device, gen.inode, head, size, mark, source=str(path), cut=True)
             self._gens[gen.device, gen.inode] = fresh
             return True
         if (
@@ -289,6 +273,9 @@ class FileTailer:
             self._finish(gen, "file rewritten")
             gen.mid_record = True  # resume at the next line: never glue, never repeat
             gen.mark = _mark(fd, gen.offset)
+        if doubt_of(gen, self._orphans) is not None:  # maybe new content: wait for its orphan's
+            gen.size = size  # copy (then from 0) or expiry (then on from the cut)
+            return False
         return self._read(gen, fd, size, head)
 
     def _new(self, key: tuple[int, int], fd: int, path: Path) -> bool:
@@ -299,14 +286,15 @@ class FileTailer:
             return False
         head = os.pread(fd, min(size, HEAD_BYTES), 0)
 
-        def copy_of(g: _Gen) -> bool:
+        def copy_of(g: Gen) -> bool:
             return (
                 bool(g.head)
-                and _prefix_match(head, g.head)
+                and prefix_match(head, g.head)
                 and (size < g.offset or _mark(fd, g.offset) == g.mark)
             )
 
-        if any(copy_of(g) and g.read_offset > 0 for g in self._gens.values()):
+        live = [g for g in self._gens.values() if doubt_of(g, self._orphans) is None]
+        if any(copy_of(g) and g.read_offset > 0 for g in live):
             return False  # a copy of a live generation, being made
         for orphan in self._orphans:
             if copy_of(orphan):
@@ -316,39 +304,49 @@ class FileTailer:
                 if orphan.size > max(size, orphan.read_offset):  # written after the copy
                     self.gaps += 1
                     self.gap_bytes += orphan.size - max(size, orphan.read_offset)
+                for k, g in list(self._gens.items()):  # its file was emptied (copytruncate):
+                    if doubt_of(g, (orphan,)) is orphan:  # all the doubtful cut holds is new
+                        self._gens[k] = Gen(g.device, g.inode, b"", 0, source=g.source)
                 gen = replace(orphan, device=key[0], inode=key[1], source=str(path), size=size)
+                self._gens[key] = gen  # before any batch: its state must hold the copy
                 if size < gen.read_offset:  # the held partial is not in the copy
                     self._finish(gen, "file truncated")
-                self._gens[key] = gen
                 return self._read(gen, fd, size, head)
-        gen = _Gen(key[0], key[1], b"", 0, source=str(path))
+        gen = Gen(key[0], key[1], b"", 0, source=str(path))
         self._gens[key] = gen
         return self._read(gen, fd, size, head)
 
-    def _orphan(self, gen: _Gen) -> None:
+    def _orphan(self, gen: Gen) -> None:
         gen.orphaned = self.polls
         self._orphans.append(gen)
 
-    def _read(self, gen: _Gen, fd: int, size: int, head: bytes) -> bool:
+    def _read(self, gen: Gen, fd: int, size: int, head: bytes) -> bool:
         """Read up to ``chunk_size`` new bytes of ``gen`` and decode its complete records."""
         if len(head) > len(gen.head):
             gen.head = head
         grew, gen.size = size > gen.size, size
         if size <= gen.read_offset:
             return grew
-        gen.done, gen.idle_since = False, None
         data = os.pread(fd, min(self.chunk_size, size - gen.read_offset), gen.read_offset)
         out = self.decoder.decode(
             gen.buffer + data, gen.offset, final=False, mid_record=gen.mid_record
         )
-        gen.offset, gen.buffer = gen.read_offset + len(data) - len(out.remainder), out.remainder
-        gen.mid_record = out.mid_record
-        gen.mark = _mark(fd, gen.offset)
+        offset = gen.read_offset + len(data) - len(out.remainder)
+        mark = _mark(fd, offset)
+        if not _intact(gen, fd):  # replaced since this poll's checks: what was read may be the
+            return True  # next generation's (and the mark too); the next poll sees which
+        gen.done, gen.idle_since = False, None
+        gen.offset, gen.buffer, gen.mid_record, gen.mark = (
+            offset,
+            out.remainder,
+            out.mid_record,
+            mark,
+        )
         if len(out.batch) or out.batch.rejects:
             self._emit(gen, out.batch)
         return True
 
-    def _finish(self, gen: _Gen, why: str) -> None:
+    def _finish(self, gen: Gen, why: str) -> None:
         """End ``gen``'s held partial record: a ``truncated`` reject, never a record."""
         if gen.buffer:
             reject = Reject(gen.offset, TRUNCATED, why, gen.buffer[:RAW_LIMIT], len(gen.buffer))
@@ -358,7 +356,7 @@ class FileTailer:
             )
         gen.mid_record = False
 
-    def _emit(self, gen: _Gen, records: RecordBatch) -> None:
+    def _emit(self, gen: Gen, records: RecordBatch) -> None:
         self._seq += 1
         files = tuple(g.frozen() for g in self._gens.values())
         files += tuple(o.frozen(orphan=True) for o in self._orphans)

@@ -1,0 +1,141 @@
+"""Generation identity of the tailer under interleavings the chaos test hits only by timing.
+
+Each test drives :meth:`FileTailer._scan` by hand between file operations, so the order in
+which the tailer sees the operations is fixed (no sleeps, no threads). Records carry a unique
+id in their first feature.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dpmarket.streams.records.files import CsvDecoder, Schema
+from dpmarket.streams.records.position import FileState, TailState, load_state, save_state
+from dpmarket.streams.records.tail import FileTailer
+
+SCHEMA = Schema.box(2, 0.0, 1e6)
+
+
+def lines(ids: range) -> bytes:
+    return b"".join(f"{i},{i % 97}.5\n".encode() for i in ids)
+
+
+def append(path: Path, data: bytes) -> None:
+    with path.open("ab") as handle:
+        handle.write(data)
+
+
+async def poll(tailer: FileTailer, polls: int = 1) -> list[tuple[int, int, str]]:
+    """``polls`` scans; every batch is taken and committed; (id, offset, file name) each."""
+    taken: list[tuple[int, int, str]] = []
+    for _ in range(polls):
+        tailer._scan(0.0)
+        while tailer._ready:
+            batch = tailer._ready.popleft()
+            offsets = batch.records.offsets.tolist()
+            for i, o in zip(batch.features[:, 0].tolist(), offsets, strict=True):
+                taken.append((int(i), int(o), Path(batch.source).name))
+            await tailer.commit(batch)
+    return taken
+
+
+@pytest.mark.asyncio
+async def test_copytruncate_seen_with_a_torn_first_line_sharing_the_old_head(
+    tmp_path: Path,
+) -> None:
+    """copytruncate, then the first line of the next generation written in two pieces, the
+    first ("8") a prefix of the old generation's head ("84,..."), seen by a poll between the
+    pieces. The copy must be adopted at the committed offset (84..87 never again) and the new
+    generation read from 0 (88 at offset 0, no record invented from its torn line)."""
+    path = tmp_path / "x.log"
+    path.write_bytes(lines(range(84, 88)))
+    state = tmp_path / "state"
+    tailer = FileTailer(path, CsvDecoder(SCHEMA), state, pattern="x.log*", fsync=False)
+    async with tailer:
+        first = await poll(tailer)
+        assert [i for i, _, _ in first] == [84, 85, 86, 87]
+        shutil.copyfile(path, tmp_path / "x.log.1")
+        os.truncate(path, 0)
+        append(path, b"8")  # the torn first piece of "88,88.5\n"
+        taken = await poll(tailer, 4)  # the second piece is slow to come
+        append(path, b"8,88.5\n")
+        taken += await poll(tailer, 6)
+        append(path, lines(range(89, 91)))
+        taken += await poll(tailer, 6)
+
+    assert taken == [(88, 0, "x.log"), (89, 8, "x.log"), (90, 16, "x.log")]
+
+
+@pytest.mark.asyncio
+async def test_copy_adopted_without_the_held_partial_is_in_the_committed_state(
+    tmp_path: Path,
+) -> None:
+    """A copy of an emptied file that lacks the tailer's held partial record: the batch with
+    that partial's ``truncated`` reject is the first after the adoption; once it is committed,
+    a restarted tailer must know the copy (84 is not read from it again)."""
+    path, state = tmp_path / "x.log", tmp_path / "state"
+    path.write_bytes(lines(range(84, 85)) + b"85,8")  # "85,8" not a record yet
+    tailer = FileTailer(path, CsvDecoder(SCHEMA), state, pattern="x.log*", fsync=False)
+    async with tailer:
+        assert await poll(tailer) == [(84, 0, "x.log")]
+        (tmp_path / "x.log.1").write_bytes(lines(range(84, 85)))  # copied before "85,8" came
+        os.truncate(path, 0)
+        assert await poll(tailer) == []  # adopted at 7; "85,8" a truncated reject, committed
+    restarted = FileTailer(path, CsvDecoder(SCHEMA), state, pattern="x.log*", fsync=False)
+    async with restarted:
+        append(path, lines(range(86, 87)))
+        assert await poll(restarted, 3) == [(86, 0, "x.log")]
+
+
+def test_the_cut_flag_survives_a_restart_and_old_states_load(tmp_path: Path) -> None:
+    """A doubtful generation is told apart after a restart too: its ``cut`` is persisted;
+    a state written before the flag existed loads with ``cut`` false."""
+    path = tmp_path / "state"
+    files = (FileState(1, 2, b"8", 1, b"8", source="x.log", cut=True), FileState(1, 3, b"", 0))
+    save_state(path, TailState(files), fsync=False)
+    assert load_state(path) == TailState(files)
+    raw = json.loads(path.read_text())
+    del raw["files"][0]["cut"]
+    path.write_text(json.dumps(raw))
+    loaded = load_state(path)
+    assert loaded is not None and [f.cut for f in loaded.files] == [False, False]
+
+
+@pytest.mark.asyncio
+async def test_copytruncate_between_the_checks_and_the_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer copytruncates (and writes the next generation's first line) after a poll
+    checked the file and before it read the new bytes: the bytes read then are not the
+    generation's, and the bytes before the offset must not be taken from the new content (the
+    copy would no longer match and be read from 0: 84..87 again, already committed)."""
+    path = tmp_path / "x.log"
+    path.write_bytes(lines(range(84, 88)))
+    cut = path.stat().st_size
+    tailer = FileTailer(path, CsvDecoder(SCHEMA), tmp_path / "state", pattern="x.log*",
+                        fsync=False)  # fmt: skip
+    real_pread, fired = os.pread, []
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        if offset == cut and n > 0 and not fired:  # the read of the bytes after 87
+            fired.append(True)
+            shutil.copyfile(path, tmp_path / "x.log.1")
+            os.truncate(path, 0)
+            append(path, lines(range(123, 124)))
+        return real_pread(fd, n, offset)
+
+    async with tailer:
+        assert await poll(tailer) == [(84, 0, "x.log"), (85, 8, "x.log"), (86, 16, "x.log"),
+                                      (87, 24, "x.log")]  # fmt: skip
+        append(path, lines(range(88, 91)))
+        monkeypatch.setattr(os, "pread", pread)
+        taken = await poll(tailer, 5)
+        monkeypatch.undo()
+        assert fired
+    assert sorted(taken) == [(88, 32, "x.log.1"), (89, 40, "x.log.1"), (90, 48, "x.log.1"),
+                             (123, 0, "x.log")]  # fmt: skip
