@@ -119,8 +119,8 @@ def _run_batch(study: StudyConfig, batch: list[Work]) -> list[dict[str, Any]]:
 
 def _task_batch(study: StudyConfig, batch: list[Work]) -> list[dict[str, Any]]:
     """:func:`_run_batch` as a Ray task of one CPU: the trial's numba kernels (RACE sketches)
-    run on one thread, since every core already runs a trial (measured with two trials on two
-    cores: 7 ms per owner sketch on numba's default two threads, 0.2 ms on one)."""
+    run on one thread, since every core already runs a trial (an owner's sketch with both cores
+    busy: 7 ms on numba's default two threads, 0.2 ms on one)."""
     try:
         import numba
     except ImportError:  # pragma: no cover - numba is a dependency; numpy kernels otherwise
