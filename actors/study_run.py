@@ -18,6 +18,7 @@ installed, a counter line otherwise.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -121,11 +122,9 @@ def _task_batch(study: StudyConfig, batch: list[Work]) -> list[dict[str, Any]]:
     """:func:`_run_batch` as a Ray task of one CPU: the trial's numba kernels (RACE sketches)
     run on one thread, since every core already runs a trial (an owner's sketch with both cores
     busy: 7 ms on numba's default two threads, 0.2 ms on one)."""
-    try:
+    if importlib.util.find_spec("numba") is not None:  # a dependency; numpy kernels otherwise
         import numba
-    except ImportError:  # pragma: no cover - numba is a dependency; numpy kernels otherwise
-        pass
-    else:
+
         numba.set_num_threads(1)
     return _run_batch(study, batch)
 
