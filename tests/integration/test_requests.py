@@ -71,8 +71,9 @@ def _append_while(stop: threading.Event, files: list[Path], out: Path) -> None:
     """Once the first request has begun (its output folder exists), append 5 records to every
     owner's file every 0.5 s (whole lines, one write each) until stopped or out of records."""
     rests = [np.load(f.with_suffix(".rest.npy")) for f in files]
-    while not stop.wait(0.05) and not (out / "requests").exists():
-        pass
+    started = False
+    while not started and not stop.wait(0.05):
+        started = (out / "requests").exists()
     at = 0
     while not stop.wait(0.5) and at < min(len(r) for r in rests):
         for f, rows in zip(files, rests, strict=True):
