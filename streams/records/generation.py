@@ -18,6 +18,7 @@ over from 0. Once the orphan expired without a copy, the cut is taken as an in-p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ __all__ = ["HEAD_BYTES", "MARK_BYTES", "ORPHAN", "Gen", "doubt_of", "prefix_matc
 
 HEAD_BYTES, MARK_BYTES = 256, 64
 ORPHAN = -1  # the device of an orphan in the state file (a generation kept for its copy)
+_PERSISTED = tuple(f.name for f in dataclasses.fields(FileState))  # Gen has each of these too
 
 
 @dataclass
@@ -53,9 +55,14 @@ class Gen:
         return self.offset + len(self.buffer)
 
     def frozen(self, orphan: bool = False) -> FileState:
-        device = ORPHAN if orphan else self.device
-        return FileState(device, self.inode, self.head, self.offset, self.mark,
-                         self.mid_record, self.done, self.source, self.cut)  # fmt: skip
+        """The persisted part (every field of :class:`FileState`, by name)."""
+        state = FileState(**{name: getattr(self, name) for name in _PERSISTED})
+        return dataclasses.replace(state, device=ORPHAN) if orphan else state
+
+    @classmethod
+    def of(cls, state: FileState) -> Gen:
+        """A generation resumed from its persisted part."""
+        return cls(**{name: getattr(state, name) for name in _PERSISTED})
 
 
 def prefix_match(a: bytes, b: bytes) -> bool:

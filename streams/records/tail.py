@@ -149,8 +149,7 @@ class FileTailer:
         self._gens: dict[tuple[int, int], Gen] = {}
         self._orphans: list[Gen] = []
         for f in self.committed.files:
-            gen = Gen(f.device, f.inode, f.head, f.offset, f.mark, f.mid_record, f.done, f.source,
-                      f.cut)  # fmt: skip
+            gen = Gen.of(f)
             if f.device == ORPHAN:
                 self._orphans.append(gen)
             else:
