@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpmarket.actors.config_checks import ConfigError
+from dpmarket.actors.config_checks import ConfigError, allocate_selected
 
 __all__ = ["BUDGET_PRIVACY_KEYS", "OwnerBudget", "parse_budgets", "parse_consumer"]
 
@@ -222,11 +222,12 @@ def parse_budget_tables(
     privacy = data.get("privacy", {})
     budgets = parse_budgets(path, privacy, data.get("owners", {}), owners, delta, other_keys)
     summary = data.get("summary", {})
-    allocate = isinstance(summary, dict) and summary.get("allocate") is True
-    if allocate and any(b.block_records or b.block_seconds for b in budgets.values()):
+    if allocate_selected(summary) and any(
+        b.block_records or b.block_seconds for b in budgets.values()
+    ):
         raise ConfigError(
-            f"{path}: [summary].allocate: allocate-select's profile reads every record, "
-            "retired blocks ([privacy].block_records or block_seconds) included: use one or "
-            "the other"
+            f"{path}: [summary].allocate: allocate-select (chosen by allocate = true, or by "
+            "max_points without allocate = false) reads every record in its profile, retired "
+            "blocks ([privacy].block_records or block_seconds) included: use one or the other"
         )
     return budgets, parse_consumer(path, privacy, data.get("consumer", {}))

@@ -137,8 +137,9 @@ class MarketConfig:
         oversample then select; eps_owner 1 and eps_validation 3 at ``[privacy].delta``) gives
         d (from m), the validation noise, clip norm and ``max_epochs`` (from p). A
         ``[summary].eps_validation`` re-plans the Gaussian validation release at that budget.
-        ``[summary].allocate = true`` adds allocate-select's plan (``max_points`` 1.5 p unless
-        given; the profile's noise spends eps_owner).
+        ``[summary].allocate = true``, or a ``max_points`` without ``allocate = false``, adds
+        allocate-select's plan (``max_points`` 1.5 p unless given; the histogram's noise spends
+        eps_owner).
         """
         eps_validation = self.overrides.get("eps_validation", PLAN_EPS_VALIDATION)
         if (
@@ -169,7 +170,7 @@ class MarketConfig:
             known_colluders=len(self.faults.colluders),
         )
         extra: dict[str, Any] = {}
-        if self.overrides.get("allocate") is True:  # allocate-select (protocol/summary/allocate.py)
+        if checks.allocate_selected(self.overrides):  # allocate-select (summary/allocate.py)
             budget = self.overrides.get("max_points")
             p = max(2, self.summary_size)
             budget = budget if isinstance(budget, int) and budget >= p else None

@@ -22,6 +22,7 @@ __all__ = [
     "GENERATOR_KEYS",
     "SOURCE_KEYS",
     "ConfigError",
+    "allocate_selected",
     "apply_set",
     "check_data_keys",
     "check_faults",
@@ -220,6 +221,18 @@ def check_faults(path: str, table: dict[str, Any], owners: tuple[str, ...], node
             f"{path}: [faults].kill_compute: expected names of compute nodes from {known}, "
             f"got {kill_compute!r}"
         )
+
+
+def allocate_selected(summary: object) -> bool:
+    """Whether a ``[summary]`` table selects allocate-select: ``allocate = true``, or a budget
+    (``max_points``) without ``allocate = false``. Under a budget on the points it may touch
+    the curator buys by allocate-select (issue 18: it closes more of the gap than herding-select
+    held to the same budget, benchmarks/RESULTS.md "parsimony"); unbounded runs keep
+    herding-select. A non-boolean ``allocate`` is left to the parameter checks."""
+    if not isinstance(summary, dict):
+        return False
+    allocate = summary.get("allocate")
+    return allocate if isinstance(allocate, bool) else "max_points" in summary
 
 
 def summary_error(path: str, exc: ParamError) -> ConfigError:

@@ -11,6 +11,8 @@ reproducible (a simulation; actors/randomness.py).
     python benchmarks/parsimony.py --quick         # seed 0, p in {50, 100}, max_points 1.5 p
     python benchmarks/parsimony.py --seeds 15 --factors 1.5 \
         --mechanisms allocate-select random-select
+    python benchmarks/parsimony.py --datasets digits --first-seed 100 --seeds 40 \
+        --factors 1.5 --mechanisms allocate-select --allocation-ridge 0   # tuning seeds
 
 Prints a table, writes the Pareto-front PNG (--png), and as last line one JSON object
 {"benchmark": "parsimony", "rows": [{"dataset", "mechanism", "p", "max_points",
@@ -79,6 +81,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--mechanisms", nargs="+", choices=PARSIMONY_MECHANISMS, default=list(PARSIMONY_MECHANISMS)
     )
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first..first+seeds-1")
+    parser.add_argument(
+        "--allocation-ridge", type=float, default=None,
+        help="the histogram rule's score ridge (default: CuratorParams'; 0: the raw direction)",
+    )  # fmt: skip
     parser.add_argument("--noise-seed", type=int, default=0)
     parser.add_argument("--png", type=Path, default=Path("benchmarks/parsimony.png"))
     parser.add_argument(
@@ -97,9 +104,10 @@ def main(argv: list[str]) -> int:
         args.seeds, args.p, args.factors = 1, [50, 100], ["1.5"]
         args.mechanisms = ["allocate-select", "herding-select", "random-select"]
     started = time.perf_counter()
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     rows = evaluate_parsimony(
-        args.datasets, args.mechanisms, args.p, list(range(args.seeds)), args.factors,
-        noise=NoiseSource.reproducible(args.noise_seed),
+        args.datasets, args.mechanisms, args.p, seeds, args.factors,
+        noise=NoiseSource.reproducible(args.noise_seed), allocation_ridge=args.allocation_ridge,
     )  # fmt: skip
     header = (
         f"{'dataset':<10} {'mechanism':<20} {'p':>4} {'max_pts':>7} {'accessed':>8} "
@@ -115,7 +123,11 @@ def main(argv: list[str]) -> int:
         )
     _plot(rows, args.png)
     elapsed = time.perf_counter() - started
-    print(f"{len(rows)} rows, {args.seeds} seed(s), {elapsed:.1f} s; plot: {args.png}")
+    print(
+        f"{len(rows)} rows, seeds {seeds[0]}-{seeds[-1]}, allocation ridge "
+        f"{'default' if args.allocation_ridge is None else args.allocation_ridge}, "
+        f"{elapsed:.1f} s; plot: {args.png}"
+    )
     print(json.dumps({"benchmark": "parsimony", "rows": rows}))
     return 0
 

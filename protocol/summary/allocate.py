@@ -58,7 +58,7 @@ import numpy.typing as npt
 from scipy.optimize import nnls
 
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
-from dpmarket.protocol.summary.allocate_rank import histogram_weights, score_frame
+from dpmarket.protocol.summary.allocate_rank import SCORE_EDGES, histogram_weights, score_frame
 from dpmarket.protocol.summary.auction import TransferCounter
 from dpmarket.protocol.summary.messages import EpochBody
 from dpmarket.protocol.summary.params import CuratorParams
@@ -317,7 +317,7 @@ class AllocationCycle:
         if not p.allocate:
             return EpochBody(g_summary, q, explore=explore)
         if number == 1 and p.allocation_rule == "histogram":  # allocate_rank.py
-            u, c, edges = score_frame(self._g_validation, self._H_seed)
+            u, c, edges = score_frame(self._g_validation, self._H_seed, p.allocation_ridge)
             return EpochBody(
                 np.zeros(p.d), 0, profile_sigma=p.allocation_sigma, profile_clip=1.0,
                 profile_basis=u, profile_center=c, profile_edges=edges,
@@ -343,7 +343,7 @@ class AllocationCycle:
         """Keep ``owner``'s profile (the first one received counts; a resend is ignored)."""
         g = np.asarray(mean, dtype=np.float64)
         histogram = self.params.allocation_rule == "histogram"
-        k = len(score_frame(self._g_validation, self._H_seed)[2]) + 1 if histogram else 0
+        k = len(SCORE_EDGES) + 1 if histogram else 0
         k = k or len(self._frame().basis)
         if g.shape != (k,) or not np.isfinite(g).all():
             raise RemoteProtocolError(

@@ -96,6 +96,7 @@ _FIELD_CHECKS: dict[str, _Spec] = {
     "allocation_sigma": ("real", 0, _INF, True, False),
     "allocation_dims": ("int", 1, _INF, False, False),
     "allocation_rule": (ALLOCATION_RULES, 0, 0, False, False),
+    "allocation_ridge": ("real", 0, _INF, False, False),
     "validation_center": (VALIDATION_CENTERS, 0, 0, False, False),
 }
 _RELATIONS = {
@@ -104,7 +105,8 @@ _RELATIONS = {
     "eta": "2 / eta must be a whole number (the quantisation grid), got {self.eta!r}",
     "explore_share": "{self.explore_share!r} > 0 needs final_selection = 'exact'",
     "max_points": "{self.max_points!r} is below p = {self.p}: the summary could not be bought",
-    "allocate": "allocate = true needs max_points, final_selection = 'exact' and explore_share = 0",
+    "allocate": "allocate-select (allocate = true, or max_points without allocate = false) needs "
+    "max_points, final_selection = 'exact' and explore_share = 0",
     "scale": "center and scale must be given together, scale > 0",
 }
 
@@ -202,6 +204,9 @@ class CuratorParams:
     # "mixture": DP means in that basis, mixing weights (allocate.py); "histogram": DP
     # histograms of the records' scores against g_tilde (allocate_rank.py)
     allocation_rule: str = "mixture"
+    # "histogram": the score direction's ridge, a multiple of the public seed covariance's mean
+    # eigenvalue (allocate_rank.py; 0: the raw direction from the seed mean to g_tilde)
+    allocation_ridge: float = 0.5
     # g_tilde around the origin (clip clip_norm) or around the public seed mean, clipped at
     # the seed set's spread (releases.py)
     validation_center: str = "origin"

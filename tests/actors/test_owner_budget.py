@@ -58,6 +58,16 @@ def test_allocate_select_is_refused_with_blocks(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("[summary]\n", "[summary]\nallocate = true\n"))
     with pytest.raises(ConfigError, match=r"\[summary\].allocate: .*block_records"):
         load_market_config(path)
+    # a budget on points selects allocate-select too, so it is refused the same way ...
+    budget = path.read_text().replace("allocate = true\n", "max_points = 60\n")
+    path.write_text(budget)
+    with pytest.raises(ConfigError, match=r"\[summary\].allocate: .*max_points.*block_records"):
+        load_market_config(path)
+    # ... unless the config keeps herding-select under that budget
+    path.write_text(budget.replace("max_points = 60\n", "max_points = 60\nallocate = false\n"))
+    config = load_market_config(path)
+    params = config.curator_params(gamma=0.5, m=200)
+    assert not params.allocate and params.max_points == 60
 
 
 def test_an_owner_table_holds_its_budget_and_its_placement(tmp_path: Path) -> None:

@@ -57,6 +57,25 @@ def test_allocate_in_a_config_plans_the_profile_noise_and_the_budget(tmp_path: P
     assert params.allocation_rule == "mixture" and params.validation_center == "origin"
 
 
+def test_a_budget_alone_selects_allocate_select_and_allocate_false_keeps_herding(
+    tmp_path: Path,
+) -> None:
+    text = (ROOT / "configs" / "demo.toml").read_text(encoding="utf-8")
+    path = tmp_path / "m.toml"
+    path.write_text(text.replace("[summary]", "[summary]\nmax_points = 55", 1), encoding="utf-8")
+    params = load_market_config(path).curator_params(gamma=0.5, m=200)
+    assert params.allocate and params.max_points == 55 and params.allocation_rule == "histogram"
+    assert params.final_selection == "exact" and params.explore_share == 0
+    herding = text.replace("[summary]", "[summary]\nmax_points = 55\nallocate = false", 1)
+    path.write_text(herding, encoding="utf-8")
+    params = load_market_config(path).curator_params(gamma=0.5, m=200)
+    assert not params.allocate and params.max_points == 55  # herding-select, held to 55
+    # without a budget the configs keep herding-select, unbounded
+    path.write_text(text, encoding="utf-8")
+    params = load_market_config(path).curator_params(gamma=0.5, m=200)
+    assert not params.allocate and params.max_points is None
+
+
 def test_report_json_and_the_cli_print_points_accessed_against_the_budget(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -118,6 +118,12 @@ CASES = [
     ("summary.allocation_sigma", "0", "[summary].allocation_sigma: expected a finite number > 0"),
     ("summary.allocation_rule", "'median'", "[summary].allocation_rule: expected one of"),
     ("summary.validation_center", "'test'", "[summary].validation_center: expected one of"),
+    (
+        "summary.allocation_ridge",
+        "-0.5",
+        "[summary].allocation_ridge: expected a finite number >= 0",
+    ),
+    ("summary.allocation_ridge", "inf", "[summary].allocation_ridge"),
     # [faults]: epochs >= 1, owners and compute nodes known
     ("faults.kill", "{ owner-9 = 2 }", "[faults].kill: unknown owners ['owner-9']"),
     ("faults.kill", "{ owner-1 = 0 }", "[faults].kill.owner-1"),

@@ -74,7 +74,7 @@ def test_score_frame_is_public_and_measured_in_seed_spreads() -> None:
     rng = np.random.default_rng(5)
     H_seed = rng.normal(size=(30, 10))
     g = rng.normal(size=10)
-    u, c, edges = score_frame(g, H_seed)
+    u, c, edges = score_frame(g, H_seed, ridge=0.0)
     np.testing.assert_allclose(c, H_seed.mean(axis=0))
     assert np.linalg.norm(u) == pytest.approx(1.0)
     np.testing.assert_allclose(u, (g - c) / np.linalg.norm(g - c))
@@ -84,6 +84,36 @@ def test_score_frame_is_public_and_measured_in_seed_spreads() -> None:
     )
     with pytest.raises(ValueError, match="no score direction"):
         score_frame(c, H_seed)
+
+
+def test_the_ridge_direction_is_the_regularised_discriminant_of_g_tilde_and_the_seed() -> None:
+    rng = np.random.default_rng(6)
+    d, n = 40, 12  # fewer seed points than dimensions, as with h1 (rank n - 1)
+    H_seed = rng.normal(size=(n, d)) * np.linspace(2.0, 0.1, d)
+    g = rng.normal(size=d)
+    u, c, edges = score_frame(g, H_seed, ridge=0.5)
+    centred = H_seed - c
+    cov = centred.T @ centred / n
+    lam = 0.5 * np.trace(cov) / (n - 1)
+    expected = np.linalg.solve(cov + lam * np.eye(d), g - c)
+    np.testing.assert_allclose(u, expected / np.linalg.norm(expected), atol=1e-10)
+    seed_scores = centred @ u  # the edges follow the new direction's seed spread
+    np.testing.assert_allclose(
+        edges, seed_scores.mean() + seed_scores.std() * np.array(SCORE_EDGES)
+    )
+    # a direction the seed never varies along is kept whole; one it varies along is shrunk
+    top = np.linalg.svd(centred, full_matrices=False)[2][0]
+    outside = np.linalg.svd(centred, full_matrices=True)[2][-1]
+    mixed, _, _ = score_frame(c + top + outside, H_seed, ridge=0.5)
+    assert abs(mixed @ outside) > 3 * abs(mixed @ top)
+    raw, _, _ = score_frame(c + top + outside, H_seed, ridge=0.0)
+    assert raw @ outside == pytest.approx(raw @ top)
+    # a larger ridge tends to the raw direction
+    far, _, _ = score_frame(g, H_seed, ridge=1e9)
+    np.testing.assert_allclose(far, score_frame(g, H_seed, ridge=0.0)[0], atol=1e-6)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="ridge"):
+            score_frame(g, H_seed, ridge=bad)
 
 
 def test_projection_onto_the_simplex() -> None:

@@ -57,7 +57,9 @@ def test_params_refuse_a_budget_below_p_and_allocate_without_one(scenario: Scena
     assert info.value.field == "max_points"
     with pytest.raises(ParamError, match=r"max_points: expected an integer >= 1"):
         small_params(scenario, max_points=2.5)
-    with pytest.raises(ParamError, match=r"allocate: allocate = true needs max_points"):
+    with pytest.raises(
+        ParamError, match=r"allocate: allocate-select \(allocate = true, or max_points"
+    ):
         small_params(scenario, allocate=True, final_selection="exact")
     assert small_params(scenario, max_points=10).max_points == 10
 
