@@ -169,6 +169,7 @@ def _row(
         "points_accessed": float(np.mean(scores.accessed)),
         "gap_closed": round((m_u - m_p) / (m_u - m_g), 4),
         "gap_closed_sd": round(float(np.std(per_seed)), 4),
+        "gap_closed_seeds": [round(float(g), 4) for g in per_seed],
         "svm_private": round(float(np.mean(scores.svm)), 4),
         "svm_uniform": round(float(np.mean(uniform.svm)), 4),
         "svm_greedy": round(float(np.mean(greedy.svm)), 4),

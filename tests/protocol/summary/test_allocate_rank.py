@@ -19,9 +19,11 @@ from dpmarket.protocol.summary.allocate_rank import (
     project_to_simplex,
     score_frame,
 )
-from dpmarket.protocol.summary.messages import EpochBody
+from dpmarket.protocol.summary.h1 import RandomFourierFeatures
+from dpmarket.protocol.summary.messages import EpochBody, SetupBody, ValidationBody
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.summary.releases import release_validation, validation_frame
+from dpmarket.protocol.wire.codec import Message
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.streams.synthetic import Scenario
 from tests.small import small_curator, small_params, small_scenario
@@ -162,7 +164,9 @@ def test_the_seed_centred_validation_release_has_the_stated_scale(scenario: Scen
     assert validation_frame(origin, H_seed)[1] == params.clip_norm
 
 
-def _histogram_run(scenario: Scenario, seed: int) -> tuple[object, list[Owner]]:
+def _histogram_run(
+    scenario: Scenario, seed: int, seen: list[object] | None = None
+) -> tuple[object, list[Owner]]:
     base = small_params(
         scenario, summary_release="herding", validation_release="gaussian", tau=1,
         auction_variant="pure", eps_auction=1e-6, max_deliveries=1, final_selection="exact",
@@ -175,10 +179,42 @@ def _histogram_run(scenario: Scenario, seed: int) -> tuple[object, list[Owner]]:
         )
         for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True))
     ]
+    if seen is not None:  # what owner-1 receives: decoded from its frames by the transport
+        first = owners[0]
+        receive = first.receive
+
+        def spy(msg: Message) -> list[Message]:
+            seen.append(msg.body)
+            return receive(msg)
+
+        first.receive = spy  # type: ignore[method-assign]
     transport = LoopbackTransport([curator, *owners])
     transport.send(curator.start())
     transport.run_until(lambda: curator.done)
     return curator, owners
+
+
+def test_an_owner_can_rebuild_its_score_frame_from_g_tilde_and_public_values(
+    scenario: Scenario,
+) -> None:
+    """Adversary view (a curious owner): the score frame of the histogram round is a function
+    of the g_tilde the owner already received and of public values (the h1 map it was set up
+    with, the public seed set, the ridge), so the ridge-regularised direction tells it nothing
+    more about D_v than the charged g_tilde release does."""
+    seen: list[object] = []
+    curator, _ = _histogram_run(scenario, 4, seen)
+    setup = next(b for b in seen if isinstance(b, SetupBody))
+    g = next(b for b in seen if isinstance(b, ValidationBody)).g_validation
+    frame = next(b for b in seen if isinstance(b, EpochBody) and b.profile_edges is not None)
+    h1 = RandomFourierFeatures(setup.n_features, setup.d, setup.gamma, setup.h1_seed)
+    ridge = curator.params.allocation_ridge  # type: ignore[attr-defined]
+    assert ridge > 0
+    u, c, edges = score_frame(g, h1(scenario.seed_set), ridge)
+    np.testing.assert_allclose(frame.profile_basis, u, atol=1e-9)
+    np.testing.assert_allclose(frame.profile_center, c, atol=1e-9)
+    np.testing.assert_allclose(frame.profile_edges, edges, atol=1e-9)
+    raw = score_frame(g, h1(scenario.seed_set), 0.0)[0]
+    assert not np.allclose(frame.profile_basis, raw)  # the ridge did change the direction
 
 
 def test_each_owner_is_charged_its_histogram_and_the_validation_set_its_release(
