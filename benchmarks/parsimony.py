@@ -45,9 +45,12 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     datasets = sorted({r["dataset"] for r in rows})
+    mechanisms = sorted({r["mechanism"] for r in rows})
+    colours = {m: f"C{i}" for i, m in enumerate(mechanisms)}  # one colour per mechanism
+    markers = dict(zip(sorted({r["p"] for r in rows}), "os^vDP*X", strict=False))  # one per p
     fig, axes = plt.subplots(2, len(datasets), figsize=(6 * len(datasets), 8), squeeze=False)
     for col, dataset in enumerate(datasets):
-        for mech in sorted({r["mechanism"] for r in rows}):
+        for mech in mechanisms:
             for p in sorted({r["p"] for r in rows}):
                 sel = sorted(
                     (
@@ -63,8 +66,9 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
                 style = "--" if mech == "random-select" else "-"
                 for row, key in ((0, "gap_closed"), (1, "svm_private")):
                     axes[row][col].plot(
-                        x, [r[key] for r in sel], style, marker="o", label=f"{mech} p={p}"
-                    )
+                        x, [r[key] for r in sel], style, marker=markers.get(p, "o"),
+                        color=colours[mech], label=f"{mech} p={p}",
+                    )  # fmt: skip
         axes[0][col].set_title(f"{dataset}: gap closed")
         axes[1][col].set_title(f"{dataset}: LinearSVC accuracy")
         for row in (0, 1):
@@ -93,7 +97,7 @@ def _print_margins(rows: list[dict[str, Any]]) -> None:
         lines.append(
             f"{r['dataset']:<10} {r['mechanism']:<24} {r['p']:>4} {r['max_points']:>7} "
             f"{diff.mean():>7.2f} {diff.std():>6.2f} {int((diff > 0).sum()):>3}/{len(diff):<3} "
-            f"{'yes' if diff.mean() > diff.std() else 'no'}"
+            f"{'-' if len(diff) < 2 else 'yes' if diff.mean() > diff.std() else 'no'}"
         )
     if lines:
         print("\nmargin over random-select, seed by seed (gap closed of each seed's own gap)")
