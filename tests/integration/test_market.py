@@ -196,3 +196,36 @@ def test_collusion_config_within_t_completes(tmp_path: Path) -> None:
     secure = report["secure_phases"]
     assert secure["normalise"]["status"] == secure["scan"]["status"] == "released"
     assert report["faults"]["lost"] == {"owner-1": 8}
+
+
+def test_a_budget_buys_by_allocate_select_on_actors_and_a_curator_crash_keeps_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 18 on real actors: ``[summary].max_points`` alone selects allocate-select. The
+    curator crashes mid-run and is resumed from its journal; the budget still holds (every
+    delivery journaled once, never more than max_points) and every release is charged once:
+    one score histogram per owner, no auction step, one validation release."""
+    code, out = _run(
+        tmp_path, "budget", "--set", "summary.max_points=18", "--set", "faults.kill_curator_at=4"
+    )
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    parsimony = report["parsimony"]
+    assert parsimony["max_points"] == 18 and parsimony["summary_size"] == 12
+    assert 12 <= parsimony["distinct_points"] <= 18
+    rows = read_pool_rows(out / ".journal" / "journal.pool.jsonl")
+    assert len(rows) == parsimony["purchased_pool"] <= 18
+    assert len({(r["owner"], r["token"]) for r in rows}) == len(rows)
+    assert len((out / "summary.csv").read_text().splitlines()) == 13
+    parties = report["privacy"]["parties"]
+    for owner in ("owner-1", "owner-2", "owner-3", "owner-4"):
+        events = parties[owner]["events"]["events"]
+        histograms = [e for e in events if "score histogram" in e["label"]]
+        assert [e["count"] for e in histograms] == [1], owner
+        assert not any(e["label"] == "auction step" for e in events), owner
+    validation = parties["validation"]["events"]["events"]
+    assert [(e["label"], e["count"]) for e in validation] == [
+        ("gaussian(validation mean) around the seed mean", 1)
+    ]
+    [verdict] = report["faults"]["verdicts"]
+    assert verdict["verdict"] == "tolerated" and "resumed 1 time" in verdict["detail"]
