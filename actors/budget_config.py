@@ -228,6 +228,7 @@ def parse_budget_tables(
         raise ConfigError(
             f"{path}: [summary].allocate: allocate-select (chosen by allocate = true, or by "
             "max_points without allocate = false) reads every record in its profile, retired "
-            "blocks ([privacy].block_records or block_seconds) included: use one or the other"
+            "blocks ([privacy].block_records or block_seconds) included: use one or the other "
+            "(allocate = false buys by herding-select under max_points)"
         )
     return budgets, parse_consumer(path, privacy, data.get("consumer", {}))

@@ -280,6 +280,19 @@ class CuratorActor:
             self._checkpoint()
 
 
+def allocation_record(params: CuratorParams) -> dict[str, Any] | None:
+    """allocate-select's public settings for report.json (None: no allocation): its rule and,
+    for the histogram rule, the score ridge an owner needs to rebuild its frame from g_tilde."""
+    if not params.allocate:
+        return None
+    histogram = params.allocation_rule == "histogram"
+    return {
+        "rule": params.allocation_rule,
+        "ridge": params.allocation_ridge if histogram else None,
+        "noise_multiplier": params.allocation_sigma,
+    }
+
+
 def result_payload(res: SummaryResult, curator: Curator, transport: RayTransport) -> dict[str, Any]:
     """The curator's result as plain picklable data for the driver."""
     return {
@@ -295,6 +308,7 @@ def result_payload(res: SummaryResult, curator: Curator, transport: RayTransport
         "final_selection": curator.params.final_selection,
         "purchased": len(curator.pool),
         "max_points": curator.params.max_points,
+        "allocation": allocation_record(curator.params),
         "value": res.value,
         "distinct_points": res.transfers.distinct_points,
         "total_transfers": res.transfers.total_transfers,

@@ -1,7 +1,6 @@
 """What a run leaves in ``--out``: a public report, the consumer's report, the summary and plots.
 
 The outputs are split by who may read them:
-
 - ``report.json`` is **public**: it may be handed to the owners. It holds the public
   configuration, what every owner observes while taking part, the DP releases (each charged to
   the ledgers the report shows) and post-processing of those, never a value computed from the
@@ -15,7 +14,7 @@ field -> why (:data:`PUBLIC_FIELDS`, :data:`CONSUMER_FIELDS`, :data:`PUBLIC_SECU
 :data:`PUBLIC_TIMINGS`). A top-level key missing from its report's table is refused when the
 report is built, so a new field cannot be written without deciding its side; inside
 ``secure_phases`` and ``timings`` whatever the allow-lists do not name goes to the consumer.
-``tests/test_report.py`` checks that this docstring names every key of both tables.
+``tests/actors/test_report.py`` checks that this docstring names every key of both tables.
 
 Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides):
 
@@ -32,10 +31,9 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
   against the simulated coalition of colluders: what each party was charged, computed from the
   events (mechanism and parameters), not from data.
 - ``parsimony``: ``summary_size`` (p), ``validation_size`` (m), ``distinct_points``,
-  ``total_transfers``, rho = (distinct + m) / (p + m), ``final_selection`` (the configured mode:
-  "exact" or "none"), ``purchased_pool`` (verified deliveries) and ``max_points`` (the budget
-  on distinct points, null when unbounded; ``distinct_points`` never exceeds it): the
-  parsimony the owners are promised; see "Aggregate counts" below.
+  ``total_transfers``, rho = (distinct + m) / (p + m), ``final_selection``, ``purchased_pool``
+  (verified deliveries), ``max_points`` (null: unbounded; never exceeded), ``allocation``
+  (allocate-select's public ``rule``, score ``ridge``, ``noise_multiplier``; null: none).
 - ``faults``: owners lost (epoch), dropped, frames late, deliveries rejected, the colluders,
   transport counters and ``verdicts`` (per simulated fault: tolerated and how, or not triggered,
   with the T budget used): which parties failed and how T was spent, which owners need to check.
@@ -327,6 +325,7 @@ def public_report(
             "final_selection": payload.get("final_selection", "none"),
             "purchased_pool": payload.get("purchased", 0),
             "max_points": payload.get("max_points"),
+            "allocation": payload.get("allocation"),
         },
         "faults": {
             "lost": payload["lost"],

@@ -12,8 +12,9 @@ Theory of operation
   seed set and u the unit vector along ``(S + lambda I)^-1 (g_tilde - c)``: how much more x
   resembles the consumer's (released) validation mean than the public seed set. S is the seed
   points' covariance in h1 space and ``lambda = ridge * trace(S) / (n_seed - 1)`` (``ridge``:
-  ``CuratorParams.allocation_ridge``, a multiple of S's mean non-zero eigenvalue; 0 keeps the
-  raw direction ``g_tilde - c``). This is a ridge-regularised Fisher discriminant between the
+  ``CuratorParams.allocation_ridge``; trace(S) / (n_seed - 1) is S's mean non-zero eigenvalue
+  when S has rank n_seed - 1, as in h1 space with d > n_seed; 0 keeps the raw direction
+  ``g_tilde - c``). This is a ridge-regularised Fisher discriminant between the
   validation mean and the public seed distribution: it shrinks the directions along which
   public data already varies, where g_tilde's noise makes other kinds of records (on digits,
   2s, 8s and 9s) score like the consumer's, and keeps the directions the seed set does not
@@ -69,8 +70,9 @@ SCORE_EDGES = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
 """Bin edges in units of the seed set's score spread above its mean (public; 7 bins)."""
 
 SCORE_RIDGE = 0.5
-"""Default ``allocation_ridge``: lambda is half the seed covariance's mean non-zero eigenvalue
-(chosen on digits tuning seeds 100-139, checked on synthetic seeds 100-109; RESULTS.md)."""
+"""Default ``allocation_ridge``: lambda = 0.5 trace(S) / (n_seed - 1), half the seed covariance's
+mean non-zero eigenvalue at full rank (chosen on digits tuning seeds 100-139, checked on
+synthetic seeds 100-109; RESULTS.md)."""
 
 
 def score_frame(
@@ -82,6 +84,8 @@ def score_frame(
     S = np.asarray(H_seed, dtype=np.float64)
     if S.ndim != 2 or len(S) < 2 or S.shape[1] != g.shape[0]:
         raise ValueError(f"need H_seed of shape (n >= 2, {g.shape[0]})")
+    if not (np.isfinite(g).all() and np.isfinite(S).all()):
+        raise ValueError("g_tilde and H_seed must be finite")
     if not (math.isfinite(ridge) and ridge >= 0):
         raise ValueError(f"ridge must be finite and >= 0, got {ridge!r}")
     center = S.mean(axis=0)
@@ -90,8 +94,9 @@ def score_frame(
         _, sv, vt = np.linalg.svd(S - center, full_matrices=False)
         variances = sv**2 / len(S)
         lam = ridge * float(variances.sum()) / (len(S) - 1)
-        if lam > 0:
-            u = u - vt.T @ (variances / (variances + lam) * (vt @ u))
+        if lam > 0:  # inside the seed's span scaled by lambda / (s + lambda), outside kept
+            inside = vt @ u
+            u = vt.T @ (lam / (variances + lam) * inside) + (u - vt.T @ inside)
     norm = float(np.linalg.norm(u))
     if not (math.isfinite(norm) and norm > 0):
         raise ValueError("g_tilde equals the seed mean: no score direction")

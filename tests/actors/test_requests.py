@@ -221,3 +221,18 @@ def test_a_bad_request_exits_2_naming_file_and_key(
     assert (
         f"{path}: [[requests]] #2 (a).name: two requests are named 'a'" in capsys.readouterr().err
     )
+
+
+def test_a_request_budget_with_blocks_is_refused_naming_the_request(tmp_path: Path) -> None:
+    """A request's own max_points selects allocate-select for that request (its histogram reads
+    every record), so with block budgets it is refused like the market's [summary] is."""
+    head = HEAD.replace("owner_budget = 2.0\n", "owner_budget = 2.0\nblock_records = 50\n")
+    alice = '\n[[requests]]\nname = "alice"\nvalidation = "v1.csv"\n'
+    budget = alice + "summary = {max_points = 12}\n"
+    with pytest.raises(ConfigError, match=r"\[\[requests\]\] \(alice\)\.summary: allocate-select"):
+        load_market_config(_config(tmp_path, budget, head))
+    kept = alice + "summary = {max_points = 12, allocate = false}\n"
+    config = load_market_config(_config(tmp_path, kept, head))
+    params = request_config(config, config.requests[0]).curator_params(gamma=1.0, m=2)
+    assert not params.allocate and params.max_points == 12  # herding-select under the budget
+    assert load_market_config(_config(tmp_path, alice, head)).requests[0].name == "alice"

@@ -48,7 +48,7 @@ def test_run_writes_summary_report_and_plots(tmp_path: Path) -> None:
     consumer = json.loads((out / "report.private.json").read_text())
     assert report["schema"] == consumer["schema"] == 2 and report["outcome"]["state"] == "done"
     assert not {"value", "utility", "owners", "selection"} & set(report)
-    assert report["parsimony"]["summary_size"] == 12
+    assert report["parsimony"]["summary_size"] == 12 and report["parsimony"]["allocation"] is None
     assert set(report["privacy"]["parties"]) == {
         "owner-1",
         "owner-2",
@@ -212,6 +212,8 @@ def test_a_budget_buys_by_allocate_select_on_actors_and_a_curator_crash_keeps_it
     report = json.loads((out / "report.json").read_text())
     parsimony = report["parsimony"]
     assert parsimony["max_points"] == 18 and parsimony["summary_size"] == 12
+    allocation = parsimony["allocation"]  # public: an owner rebuilds its score frame with it
+    assert allocation["rule"] == "histogram" and allocation["ridge"] == 0.5
     assert 12 <= parsimony["distinct_points"] <= 18
     rows = read_pool_rows(out / ".journal" / "journal.pool.jsonl")
     assert len(rows) == parsimony["purchased_pool"] <= 18

@@ -116,6 +116,16 @@ def test_the_ridge_direction_is_the_regularised_discriminant_of_g_tilde_and_the_
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="ridge"):
             score_frame(g, H_seed, ridge=bad)
+    with pytest.raises(ValueError, match="must be finite"):
+        score_frame(np.full(d, np.nan), H_seed)
+    # a seed set spanning every dimension and a tiny ridge: still lambda (S + lambda I)^-1 v
+    full = rng.normal(size=(3 * d, d))
+    tiny, _, _ = score_frame(g, full, ridge=1e-9)
+    cf = full - full.mean(axis=0)
+    cov_f = cf.T @ cf / len(full)
+    lam_f = 1e-9 * np.trace(cov_f) / (len(full) - 1)
+    solved = np.linalg.solve(cov_f + lam_f * np.eye(d), g - full.mean(axis=0))
+    assert tiny @ (solved / np.linalg.norm(solved)) > 0.999
 
 
 def test_projection_onto_the_simplex() -> None:
