@@ -106,7 +106,8 @@ _RELATIONS = {
     "explore_share": "{self.explore_share!r} > 0 needs final_selection = 'exact'",
     "max_points": "{self.max_points!r} is below p = {self.p}: the summary could not be bought",
     "allocate": "allocate-select (allocate = true, or max_points without allocate = false) needs "
-    "max_points, final_selection = 'exact' and explore_share = 0",
+    "max_points, final_selection = 'exact' and explore_share = 0 (allocate = false keeps "
+    "herding-select under max_points)",
     "scale": "center and scale must be given together, scale > 0",
 }
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.config import load_market_config
+from dpmarket.actors.config import ConfigError, load_market_config
 from dpmarket.actors.parsimony import budget_of, evaluate_parsimony
 from dpmarket.actors.randomness import NoiseSource
 
@@ -70,6 +70,11 @@ def test_a_budget_alone_selects_allocate_select_and_allocate_false_keeps_herding
     path.write_text(herding, encoding="utf-8")
     params = load_market_config(path).curator_params(gamma=0.5, m=200)
     assert not params.allocate and params.max_points == 55  # herding-select, held to 55
+    # a budget with herding-only settings names the way back to herding-select
+    mixed = text.replace("[summary]", "[summary]\nmax_points = 55\nexplore_share = 0.3", 1)
+    path.write_text(mixed, encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"explore_share = 0 \(allocate = false keeps herding"):
+        load_market_config(path).curator_params(gamma=0.5, m=200)
     # without a budget the configs keep herding-select, unbounded
     path.write_text(text, encoding="utf-8")
     params = load_market_config(path).curator_params(gamma=0.5, m=200)
