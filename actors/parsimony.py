@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -62,18 +63,18 @@ def parsimony_params(
     seed: int,
     budget: tuple[float, float, float],
     max_points: int,
-    allocation_ridge: float | None = None,
+    overrides: Mapping[str, float] | None = None,
 ) -> CuratorParams:
     """CuratorParams of ``mechanism`` capped at ``max_points`` distinct points; allocate-select
-    splits exactly that budget (protocol/summary/allocate.py); ``allocation_ridge`` overrides
-    the histogram rule's score ridge (allocate_rank.py; None: the default)."""
+    splits exactly that budget (protocol/summary/allocate.py). ``overrides`` replace fields of
+    the allocate mechanisms' parameters (an ablation: e.g. ``allocation_ridge``, or a noise
+    multiplier near 0 to see what a release's noise costs; the ledger then reports the
+    epsilon that noise really spends)."""
     if mechanism in ("allocate-select", "allocate-mixture-select"):
         base = mechanism_params("herding-select", dataset, p, scenario, seed, budget)
         rule = "mixture" if mechanism == "allocate-mixture-select" else "histogram"
         plan = plan_allocation(budget[0], budget[2], p, max_points, rule)
-        if allocation_ridge is not None:
-            plan["allocation_ridge"] = allocation_ridge
-        return dataclasses.replace(base, **plan)
+        return dataclasses.replace(base, **(plan | dict(overrides or {})))
     base = mechanism_params(mechanism, dataset, p, scenario, seed, budget)
     return dataclasses.replace(base, max_points=max_points)
 
@@ -86,7 +87,7 @@ def evaluate_parsimony(
     factors: list[str],
     budget: tuple[float, float, float] = (1.0, 3.0, 1e-5),
     noise: NoiseSource | None = None,
-    allocation_ridge: float | None = None,
+    overrides: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows of the Pareto front (module docstring); means over ``seeds``."""
     noise = noise or NoiseSource.secure()
@@ -121,7 +122,7 @@ def evaluate_parsimony(
                             scores.eps_validation.append(0.0)
                             continue
                         params = parsimony_params(
-                            mech, dataset, p, scenario, seed, budget, cap, allocation_ridge
+                            mech, dataset, p, scenario, seed, budget, cap, overrides
                         )
                         label = f"parsimony:{dataset}:{mech}:{seed}:{p}:{cap}"
                         run = run_inprocess(

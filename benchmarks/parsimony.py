@@ -25,6 +25,7 @@ budget, seed by seed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -106,6 +107,23 @@ def _print_margins(rows: list[dict[str, Any]]) -> None:
         print("\n".join(lines))
 
 
+def _overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, float]:
+    """``FIELD=NUMBER`` items as a dict; an unknown field or a non-number is a usage error."""
+    from dpmarket.protocol.summary.params import CuratorParams
+
+    fields = {f.name for f in dataclasses.fields(CuratorParams)}
+    out: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in fields:
+            parser.error(f"--override {item!r}: {name!r} is not a CuratorParams field")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            parser.error(f"--override {item!r}: expected FIELD=NUMBER")
+    return out
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -120,6 +138,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--allocation-ridge", type=float, default=None,
         help="the histogram rule's score ridge (default: CuratorParams'; 0: the raw direction)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--override", action="append", default=[], metavar="FIELD=NUMBER",
+        help="replace a CuratorParams field of the allocate mechanisms (an ablation, e.g. "
+        "validation_sigma=1e-6: g_tilde almost without noise; the ledger reports its epsilon)",
     )  # fmt: skip
     parser.add_argument("--noise-seed", type=int, default=0)
     parser.add_argument("--png", type=Path, default=Path("benchmarks/parsimony.png"))
@@ -140,9 +163,12 @@ def main(argv: list[str]) -> int:
         args.mechanisms = ["allocate-select", "herding-select", "random-select"]
     started = time.perf_counter()
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    overrides = _overrides(parser, args.override)
+    if args.allocation_ridge is not None:
+        overrides["allocation_ridge"] = args.allocation_ridge
     rows = evaluate_parsimony(
         args.datasets, args.mechanisms, args.p, seeds, args.factors,
-        noise=NoiseSource.reproducible(args.noise_seed), allocation_ridge=args.allocation_ridge,
+        noise=NoiseSource.reproducible(args.noise_seed), overrides=overrides,
     )  # fmt: skip
     header = (
         f"{'dataset':<10} {'mechanism':<20} {'p':>4} {'max_pts':>7} {'accessed':>8} "
@@ -160,8 +186,7 @@ def main(argv: list[str]) -> int:
     _plot(rows, args.png)
     elapsed = time.perf_counter() - started
     print(
-        f"{len(rows)} rows, seeds {seeds[0]}-{seeds[-1]}, allocation ridge "
-        f"{'default' if args.allocation_ridge is None else args.allocation_ridge}, "
+        f"{len(rows)} rows, seeds {seeds[0]}-{seeds[-1]}, overrides {overrides or 'none'}, "
         f"{elapsed:.1f} s; plot: {args.png}"
     )
     print(json.dumps({"benchmark": "parsimony", "rows": rows}))

@@ -71,8 +71,8 @@ SCORE_EDGES = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
 
 SCORE_RIDGE = 0.5
 """Default ``allocation_ridge``: lambda = 0.5 trace(S) / (n_seed - 1), half the seed covariance's
-mean non-zero eigenvalue at full rank (chosen on digits tuning seeds 100-139, checked on
-synthetic seeds 100-109; RESULTS.md)."""
+mean non-zero eigenvalue at full rank (chosen on digits tuning seeds 100-139; RESULTS.md
+"parsimony", session 3)."""
 
 
 def score_frame(
