@@ -13,6 +13,7 @@ reproducible (a simulation; actors/randomness.py).
         --mechanisms allocate-select random-select
     python benchmarks/parsimony.py --datasets digits --first-seed 100 --seeds 40 \
         --factors 1.5 --mechanisms allocate-select --allocation-ridge 0   # tuning seeds
+    python benchmarks/parsimony.py ... --override validation_sigma=0.05   # an ablation
 
 Prints a table, writes the Pareto-front PNG (--png), and as last line one JSON object
 {"benchmark": "parsimony", "rows": [{"dataset", "mechanism", "p", "max_points",
