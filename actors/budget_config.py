@@ -27,7 +27,13 @@ from typing import Any
 
 from dpmarket.actors.config_checks import ConfigError, allocate_selected
 
-__all__ = ["BUDGET_PRIVACY_KEYS", "OwnerBudget", "parse_budgets", "parse_consumer"]
+__all__ = [
+    "BUDGET_PRIVACY_KEYS",
+    "OwnerBudget",
+    "check_allocate_blocks",
+    "parse_budgets",
+    "parse_consumer",
+]
 
 BUDGET_PRIVACY_KEYS = frozenset({"ledger_dir", "owner_budget", "block_records", "block_seconds"})
 _OWNER_KEYS = frozenset({"budget", "ledger"})
@@ -221,14 +227,21 @@ def parse_budget_tables(
     blocks included, so it is refused together with blocks."""
     privacy = data.get("privacy", {})
     budgets = parse_budgets(path, privacy, data.get("owners", {}), owners, delta, other_keys)
-    summary = data.get("summary", {})
+    check_allocate_blocks(path, "[summary].allocate", data.get("summary", {}), budgets)
+    return budgets, parse_consumer(path, privacy, data.get("consumer", {}))
+
+
+def check_allocate_blocks(
+    path: str, key: str, summary: object, budgets: dict[str, OwnerBudget]
+) -> None:
+    """Refuse allocate-select (chosen by ``summary``) with block budgets: its histogram reads
+    every record of an owner, retired blocks included. ``key`` names where it was chosen."""
     if allocate_selected(summary) and any(
         b.block_records or b.block_seconds for b in budgets.values()
     ):
         raise ConfigError(
-            f"{path}: [summary].allocate: allocate-select (chosen by allocate = true, or by "
-            "max_points without allocate = false) reads every record in its profile, retired "
-            "blocks ([privacy].block_records or block_seconds) included: use one or the other "
-            "(allocate = false buys by herding-select under max_points)"
+            f"{path}: {key}: allocate-select (chosen by allocate = true, or by max_points "
+            "without allocate = false) reads every record, retired blocks ([privacy]."
+            "block_records or block_seconds) included: use one or the other (allocate = false "
+            "buys by herding-select under max_points)"
         )
-    return budgets, parse_consumer(path, privacy, data.get("consumer", {}))

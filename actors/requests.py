@@ -35,15 +35,11 @@ from dpmarket.actors.budget_config import (
     OwnerBudget,
     cap_delta,
     cap_epsilon,
+    check_allocate_blocks,
     check_existing_store,
     store_path,
 )
-from dpmarket.actors.config_checks import (
-    ConfigError,
-    allocate_selected,
-    integer,
-    summary_error,
-)
+from dpmarket.actors.config_checks import ConfigError, integer, summary_error
 from dpmarket.protocol.summary.params import ParamError
 
 if TYPE_CHECKING:
@@ -234,16 +230,10 @@ def request_config(config: MarketConfig, request: Request) -> MarketConfig:
 
 def check_request_params(config: MarketConfig) -> None:
     """Each request's curator parameters are valid (ConfigError naming the request)."""
-    blocks = any(b.block_records or b.block_seconds for b in config.budgets.values())
     for request in config.requests:
         derived = request_config(config, request)
-        if blocks and allocate_selected(derived.overrides):  # as budget_config checks [summary]
-            raise ConfigError(
-                f"{config.path}: [[requests]] ({request.name}).summary: allocate-select (chosen "
-                "by allocate = true, or by max_points without allocate = false) reads every "
-                "record, retired blocks ([privacy].block_records or block_seconds) included: "
-                "set allocate = false to buy by herding-select under max_points"
-            )
+        key = f"[[requests]] ({request.name}).summary"
+        check_allocate_blocks(config.path, key, derived.overrides, config.budgets)
         m = derived.data.get("n_validation", 500)
         try:
             derived.curator_params(gamma=1.0, m=m if isinstance(m, int) and m >= 1 else 500)

@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--override", action="append", default=[], metavar="FIELD=NUMBER",
         help="replace a CuratorParams field of the allocate mechanisms (an ablation, e.g. "
-        "validation_sigma=1e-6: g_tilde almost without noise; the ledger reports its epsilon)",
+        "validation_sigma=0.05: g_tilde almost without noise; the ledger reports its epsilon)",
     )  # fmt: skip
     parser.add_argument("--noise-seed", type=int, default=0)
     parser.add_argument("--png", type=Path, default=Path("benchmarks/parsimony.png"))
