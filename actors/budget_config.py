@@ -153,7 +153,7 @@ def parse_budgets(
     if len(set(stores)) != len(stores):
         raise ConfigError(f"{path}: [owners]: two owners share one ledger store")
     for name, budget in out.items():  # a store on this machine is checked now, before a run
-        check_existing_store(path, name, Path(budget.ledger))
+        check_existing_store(path, name, Path(budget.ledger), blocked=bool(blocks or seconds))
     return out
 
 
@@ -161,20 +161,31 @@ def _key(owner: str) -> str:
     return "[consumer]" if owner == "consumer" else f"[owners.{owner}]"
 
 
-def check_existing_store(path: str, owner: str, store: Path) -> None:
+def check_existing_store(path: str, owner: str, store: Path, blocked: bool = False) -> None:
     """An existing local store must be a ledger store of ``owner`` (one on another node is
-    checked by the owner's actor when it opens it)."""
-    from dpmarket.actors.ledger_store import StoreError, read_store
+    checked by the owner's actor when it opens it), and a run without blocks may not use a store
+    that holds charges to blocks: it would charge those records against the whole-store budget
+    alone (actors/ledger_store.py, "Per record"). Another block size is fine: records keep the
+    blocks the store gave them."""
+    from dpmarket.actors.ledger_store import BLOCKS_KEY, StoreError, read_store
 
     if not store.exists():
         return
     try:
-        found = read_store(store)["owner"]
+        contents = read_store(store)
     except StoreError as exc:
         raise ConfigError(f"{path}: {_key(owner)}: {exc}") from None
+    found = contents["owner"]
     if found != owner:
         raise ConfigError(
             f"{path}: {_key(owner)}: {store} is the ledger store of {found!r}, not {owner!r}"
+        )
+    if not blocked and any(r["state"] == "charged" and r["block"] >= 0 for r in contents["rows"]):
+        raise ConfigError(
+            f"{path}: {BLOCKS_KEY}: {store} holds charges to blocks of {owner}'s records; a run "
+            "without blocks would charge them against the whole-store budget alone: set "
+            "block_records or block_seconds again (any size: records keep their blocks) or use "
+            "another store"
         )
 
 

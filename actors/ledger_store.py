@@ -18,8 +18,17 @@ Guarantees (what a data-protection officer signs off):
 - **Serialised.** The check and the insert run in one ``BEGIN IMMEDIATE`` transaction, so two
   runs sharing an owner (two processes on one store) cannot both spend its last budget: the
   second waits for the first and sees its charge.
-- **Time-window blocks** (``arrivals``): where each block of arrival time starts, and how many
-  record positions have a block (``meta.seen``), written before any release reads them.
+- **A record's block is fixed once** (``blocks``, protocol/privacy/blocks.py): where each block
+  starts, the grouping it was opened under, and how many record positions have a block
+  (``meta.seen``), written when the records arrive, before any release reads them. Block ids are
+  the store's own (0, 1, 2, ...), so a later configuration (another ``block_records``, windows
+  instead of counts) groups only records that arrive after it and never gives records that
+  paid a fresh budget.
+- **Per record.** A record's loss is what its block was charged plus the store's whole-store
+  charges (``block = -1``: releases made without blocks, which read every record; every block
+  pays them, records that arrived later included: an over-count). A store that holds charges
+  to blocks refuses a charge without blocks (:class:`StoreError`): that charge would be checked
+  against the whole-store history alone, not against what each record's block paid.
 - **Declines are recorded** (state ``declined``, nothing charged), and so is a release that
   reads none of a blocked owner's records (state ``unread``), so that the end-of-run
   comparison with the curator's view can tell them from a missing charge.
@@ -36,13 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpmarket.protocol.privacy.blocks import WindowBlocks
+from dpmarket.protocol.privacy.blocks import Blocks, BlockStart, Grouping
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent
 
-__all__ = ["ChargeDecision", "LedgerStore", "StoreError", "read_store"]
+__all__ = ["BLOCKS_KEY", "ChargeDecision", "LedgerStore", "StoreError", "read_store", "spending"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: ``blocks`` (store-assigned block ids) replaces ``arrivals``
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
@@ -64,7 +73,26 @@ CREATE TABLE IF NOT EXISTS retired (block INTEGER PRIMARY KEY, run TEXT NOT NULL
 CREATE TABLE IF NOT EXISTS arrivals (
     block INTEGER PRIMARY KEY, first INTEGER NOT NULL, at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS blocks (
+    block INTEGER PRIMARY KEY,
+    first INTEGER NOT NULL UNIQUE,
+    grouping TEXT NOT NULL,
+    key INTEGER NOT NULL,
+    at REAL NOT NULL
+);
 """
+# schema 1 kept time windows in ``arrivals`` (block id = the window number) and grouped by
+# ``block_records`` with block id i // N recomputed from each run's N, never stored. Opening
+# such a store migrates it once: its windows become blocks under their old ids (a grouping no
+# later run continues); its charges to count blocks, whose records cannot be recovered, count
+# as whole-store charges (every record paid each such release once: an over-count).
+_LEGACY_WINDOWS = "legacy-window"
+_HISTORY = (
+    "SELECT event FROM charges WHERE state = 'charged' AND "
+    "(block = -1 OR (block >= 0 AND block NOT IN (SELECT block FROM blocks))) "
+    "GROUP BY release ORDER BY MIN(seq)"
+)
+BLOCKS_KEY = "[privacy].block_records / [privacy].block_seconds"
 
 
 class StoreError(RuntimeError):
@@ -114,6 +142,8 @@ class LedgerStore:
                     "INSERT INTO meta VALUES (?, ?)",
                     [("owner", owner), ("schema", str(SCHEMA_VERSION))],
                 )
+            elif meta.get("owner") == owner and meta.get("schema") == "1":
+                self._migrate_from_1()
             self._conn.execute("COMMIT")
         except sqlite3.Error as exc:
             self._conn.close()
@@ -124,6 +154,14 @@ class LedgerStore:
         if meta and int(meta.get("schema", "0")) > SCHEMA_VERSION:
             self._conn.close()
             raise StoreError(f"{self.path}: ledger schema {meta['schema']} is newer than this")
+
+    def _migrate_from_1(self) -> None:
+        """Schema 1 -> 2, inside the opening transaction (the comment at ``_HISTORY``)."""
+        self._conn.execute(
+            "INSERT OR IGNORE INTO blocks SELECT block, first, ?, block, at FROM arrivals",
+            (_LEGACY_WINDOWS,),
+        )
+        self._conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
         self._conn.close()
@@ -143,33 +181,57 @@ class LedgerStore:
         return [MechanismEvent.from_dict(e) for r in rows for e in json.loads(r[0])]
 
     def events(self, block: int = -1) -> list[MechanismEvent]:
-        """Every charged event (of the whole store, or of one block), oldest first."""
+        """The events charged to one block (-1: the charges made without blocks), oldest
+        first; what a record of ``block`` has paid is :meth:`record_events`."""
         return self._events(block)
+
+    def history(self) -> list[MechanismEvent]:
+        """The whole-store charges every record has paid (module docstring, "Per record"):
+        releases made without blocks, and a schema-1 store's charges to count blocks."""
+        rows = self._conn.execute(_HISTORY).fetchall()
+        return [MechanismEvent.from_dict(e) for r in rows for e in json.loads(r[0])]
+
+    def record_events(self, block: int) -> list[MechanismEvent]:
+        """Everything a record of ``block`` has paid: the whole-store history, then its block's."""
+        return [*self.history(), *self._events(block)]
+
+    def block_charges(self) -> int:
+        """How many charges were made to blocks (a store with any refuses unblocked charges)."""
+        row = self._conn.execute(
+            "SELECT COUNT(*) FROM charges WHERE state = 'charged' AND block >= 0"
+        ).fetchone()
+        return int(row[0])
 
     def retired(self) -> set[int]:
         """The blocks whose budget is spent: never read again."""
         return {int(r[0]) for r in self._conn.execute("SELECT block FROM retired")}
 
-    def window_blocks(self, window: float) -> WindowBlocks:
-        """The owner's time-window blocks as recorded (``[privacy].block_seconds``)."""
-        starts = self._conn.execute("SELECT block, first FROM arrivals ORDER BY block").fetchall()
+    def blocks(self) -> Blocks:
+        """Every record's block as recorded (protocol/privacy/blocks.py)."""
+        starts = self._conn.execute(
+            "SELECT block, first, grouping, key FROM blocks ORDER BY block"
+        ).fetchall()
         seen = self._conn.execute("SELECT value FROM meta WHERE key = 'seen'").fetchone()
-        return WindowBlocks(
-            window, [(int(b), int(f)) for b, f in starts], int(seen[0]) if seen else 0
+        return Blocks(
+            [BlockStart(int(b), int(f), str(g), int(k)) for b, f, g, k in starts],
+            int(seen[0]) if seen else 0,
         )
 
-    def arrive(self, first: int, count: int, at: float, window: float) -> WindowBlocks:
+    def assign(self, first: int, count: int, at: float, grouping: Grouping) -> Blocks:
         """Record that positions ``first .. first + count - 1`` arrived at ``at`` (the owner
-        actor's clock), in one transaction, before any release reads them: a position's block
-        is fixed once (protocol/privacy/blocks.py). Returns the blocks after it."""
+        actor's clock), in one transaction, before any release reads them: a position not yet
+        assigned gets its block under ``grouping``, one assigned before keeps its block
+        (protocol/privacy/blocks.py). Returns the blocks after it."""
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
             try:
-                blocks = self.window_blocks(window)
-                opened = blocks.arrive(first, count, at)
-                if opened is not None:
-                    conn.execute("INSERT INTO arrivals VALUES (?, ?, ?)", (*opened, at))
+                blocks = self.blocks()
+                for start in blocks.arrive(first, count, at, grouping):
+                    conn.execute(
+                        "INSERT INTO blocks VALUES (?, ?, ?, ?, ?)",
+                        (start.block, start.first, start.grouping, start.key, at),
+                    )
                 conn.execute("INSERT OR REPLACE INTO meta VALUES ('seen', ?)", (str(blocks.seen),))
                 conn.execute("COMMIT")
             except BaseException:
@@ -215,7 +277,7 @@ class LedgerStore:
             if row is not None or block in retired:
                 read += [block] if row is not None and row[0] == "charged" else []
                 continue
-            past = self._events(block)
+            past = self.record_events(block)  # what each of its records has paid
             spent = self.filter.spent([*past, *events])
             admitted = spent <= self.filter.epsilon
             self._conn.execute(
@@ -255,6 +317,13 @@ class LedgerStore:
             if row is not None:
                 conn.execute("COMMIT")
                 return ChargeDecision(release, row[0] == "charged", float(row[1]), True)
+            if self.block_charges():
+                raise StoreError(
+                    f"{self.path}: holds charges to blocks of {self.owner}'s records; a release "
+                    f"without blocks would be checked against the whole-store charges alone, not "
+                    f"what each record's block paid: set {BLOCKS_KEY} again (any size: records "
+                    "keep their blocks) or use another store"
+                )
             past = self._events()
             spent = self.filter.spent([*past, *events])  # inf if one is not accountable
             admitted = spent <= self.filter.epsilon
@@ -331,8 +400,37 @@ def read_store(path: str | Path) -> dict[str, Any]:
             )
         ]
         retired = [int(r[0]) for r in conn.execute("SELECT block FROM retired ORDER BY block")]
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        table = "blocks" if "blocks" in tables else "arrivals"  # schema 1: its windows
+        blocks = [int(r[0]) for r in conn.execute(f"SELECT block FROM {table} ORDER BY block")]
     except sqlite3.Error as exc:
         raise StoreError(f"{p}: not a ledger store ({exc})") from None
     finally:
         conn.close()
-    return {"owner": meta.get("owner", p.stem), "runs": runs, "rows": rows, "retired": retired}
+    return {
+        "owner": meta.get("owner", p.stem),
+        "runs": runs,
+        "rows": rows,
+        "retired": retired,
+        "blocks": blocks,
+    }
+
+
+def spending(
+    rows: Sequence[dict[str, Any]], blocks: Sequence[int]
+) -> tuple[list[MechanismEvent], dict[int, list[MechanismEvent]]]:
+    """From a store's rows (:func:`read_store`): the whole-store history every record paid and,
+    per block, what that block's records paid besides (module docstring, "Per record"); the
+    same rule as :meth:`LedgerStore.history` and :meth:`LedgerStore.record_events`."""
+    known = set(blocks)
+    history: dict[str, list[MechanismEvent]] = {}
+    per: dict[int, list[MechanismEvent]] = {b: [] for b in known}
+    for row in rows:
+        if row["state"] != "charged":
+            continue
+        events = [MechanismEvent.from_dict(e) for e in row["events"]]
+        if row["block"] in known:
+            per[row["block"]] += events
+        elif row["block"] == -1 or row["block"] >= 0:
+            history.setdefault(row["release"], events)
+    return [e for events in history.values() for e in events], per

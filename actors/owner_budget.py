@@ -22,27 +22,35 @@ declined summary phase makes the owner silent, so the curator counts it lost at 
 both count against T, and a run with more than T refuses (exit 3). A decline depends only on
 public parameters and the owner's own past charges, never on its records.
 
-**Blocks** (``[privacy].block_records = N``; Sage, SOSP 2019): record i of an owner, in
-arrival order, belongs to block ``i // N``; or (``[privacy].block_seconds = W``, Sage's time
-windows) to the window of W seconds in which it first arrived, stamped by the owner actor's
-clock when its batch is taken in and recorded in the store before any release reads it
-(:meth:`OwnerGate.arrived`, protocol/privacy/blocks.py; records taken in before the owner's
-gate exists are stamped when it is made). Each block has the owner's cap as its own budget in
-the store. A release is charged to each live block it reads
+**Blocks** (``[privacy].block_records = N``; Sage, SOSP 2019): records are grouped by arrival
+into blocks of N; or (``[privacy].block_seconds = W``, Sage's time windows) by the window of W
+seconds in which they first arrived, stamped by the owner actor's clock when their batch is
+taken in (records taken in before the owner's gate exists are stamped when it is made). A
+record's block is assigned once, in the store, when it arrives and before any release reads it
+(:meth:`OwnerGate.arrived`, protocol/privacy/blocks.py), under block ids the store allocates;
+every later run reads it from the store, whatever its own N or W (a new size groups only
+records that arrive after it). Each block has the owner's cap as its own budget.
+A release is charged to each live block it reads
 (a secure-sum round: the blocks holding the records it covers, for a refresh only those added
 since its base round; the summary plan: every block, each the first time it holds records in
 the run, so blocks arriving mid-run pay when they arrive). A block whose filter does not admit
 a release is retired in the same transaction and never read again: its records leave every
 later sketch and are never bid or delivered (``Owner.retire``). New blocks arrive with full
 budgets. The guarantee is parallel composition over disjoint blocks: neighbouring data differ
-by one record in one block (a record's block is its arrival position, public metadata fixed
-when it arrives, as Sage's time windows; the owner's inputs are append-only and read in the
-same order by every run), a release that does not read a block does not depend on it, so
-that record's loss composes only the releases charged to its block, which its filter keeps
-within ``(epsilon, delta)``; the owner's ``spent`` is the largest block's. With blocks an
-owner never declines: which blocks exist depends on its record count, so a decline (seen by
-the curator) would reveal that count; an owner whose blocks are all spent contributes no
-records to a secure sum (its share of the noise still goes in) and passes in the summary.
+by one record in one block (a record's block is fixed by its arrival, public metadata, as
+Sage's time windows; the owner's inputs are append-only and read in the same order by every
+run), a release that does not read a block does not depend on it, so that record's loss
+composes only the whole-store charges made before blocks were switched on (which every block
+pays) and the releases charged to its block, which its filter keeps within ``(epsilon,
+delta)``; the owner's ``spent`` is the largest block's. **Per record, whatever the
+configuration** (issue 24): a store that holds charges to blocks refuses a run without blocks
+(:class:`~dpmarket.actors.ledger_store.StoreError`, naming the store and the keys; the config
+check says the same before Ray starts), since such a run would charge records against the
+whole-store budget alone. With blocks an owner never declines: which blocks exist depends on
+its record count, so a decline (seen by the curator) would reveal that count; an owner whose
+blocks are all spent contributes no records to a secure sum (its share of the noise still goes
+in) and passes in the summary. For the same reason a retired block is no decline:
+``declines`` stays empty with blocks, and which blocks retired is in the owner's store.
 """
 
 from __future__ import annotations
@@ -56,7 +64,8 @@ import numpy.typing as npt
 
 from dpmarket.actors.budget_config import OwnerBudget
 from dpmarket.actors.dcaowner import OwnerSecureSum
-from dpmarket.actors.ledger_store import LedgerStore
+from dpmarket.actors.ledger_store import BLOCKS_KEY, LedgerStore, StoreError
+from dpmarket.protocol.privacy.blocks import Grouping
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent
 from dpmarket.protocol.securesum.spec import RoundSpec
@@ -105,6 +114,13 @@ class OwnerGate:
         self.store = LedgerStore(
             gate.budget.ledger, owner, RenyiFilter(gate.budget.epsilon, gate.budget.delta)
         )
+        if not self.blocked and self.store.block_charges():
+            self.store.close()
+            raise StoreError(
+                f"{gate.budget.ledger}: {owner}'s store holds charges to blocks of its records; "
+                f"a run without blocks would charge them against the whole-store budget alone: "
+                f"set {BLOCKS_KEY} again (any size: records keep their blocks) or use another store"
+            )
         self.store.begin_run(gate.run)
         self._summary: bool | None = None
         self._summary_blocks: set[int] = set()  # blocks asked to pay this run's summary plan
@@ -115,18 +131,26 @@ class OwnerGate:
     def blocked(self) -> bool:
         return self.gate.block_records > 0 or self.gate.block_seconds > 0
 
+    @property
+    def grouping(self) -> Grouping | None:
+        """How this run groups records that arrive (None: no blocks)."""
+        if self.gate.block_seconds > 0:
+            return Grouping("seconds", self.gate.block_seconds)
+        if self.gate.block_records > 0:
+            return Grouping("records", self.gate.block_records)
+        return None
+
     def arrived(self, first: int, count: int, at: float) -> None:
         """Records at positions ``first .. first + count - 1`` arrived at ``at`` (the actor's
-        clock): with time-window blocks their block is recorded in the store now, before any
-        release reads them (protocol/privacy/blocks.py); nothing to do otherwise."""
-        if self.gate.block_seconds > 0 and count > 0:
-            self.store.arrive(first, count, at, self.gate.block_seconds)
+        clock): with blocks, each one not yet in a block is given one in the store now, before
+        any release reads it (protocol/privacy/blocks.py); nothing to do otherwise."""
+        grouping = self.grouping
+        if grouping is not None and count > 0:
+            self.store.assign(first, count, at, grouping)
 
     def _of(self, n: int) -> npt.NDArray[np.int64]:
-        """The block of each record position ``0 .. n - 1``."""
-        if self.gate.block_seconds > 0:
-            return self.store.window_blocks(self.gate.block_seconds).of(n)
-        return np.arange(n, dtype=np.int64) // self.gate.block_records
+        """The block of each record position ``0 .. n - 1``, as the store assigned it."""
+        return self.store.blocks().of(n)
 
     def _blocks(self, n: int, start: int = 0) -> list[int]:
         return sorted({int(b) for b in self._of(n)[start:]}) if n > start else []
@@ -180,8 +204,7 @@ class OwnerGate:
         if (new or first) and self.gate.summary:  # first: recorded even if nothing is read
             release = f"{self.gate.run}:summary"
             read = self.store.charge_blocks(release, self.gate.run, self.gate.summary, new)
-            self._summary_read.update(read)
-            self.declines.extend(f"{release}#{b}" for b in sorted(set(new) - set(read)))
+            self._summary_read.update(read)  # a block that cannot pay retires: no decline
         elif new:
             self._summary_read.update(new)
         self._summary_blocks.update(new)
@@ -212,11 +235,11 @@ class OwnerGate:
             "rows": rows,
             "declines": list(self.declines),
         }
-        if self.blocked:
-            blocks = sorted({r["block"] for r in self.store.rows()} - {-1})
-            spent = {b: self.store.filter.spent(self.store.events(b)) for b in blocks}
+        if self.blocked:  # per record: the whole-store history plus its block's charges
+            blocks = [s.block for s in self.store.blocks().starts]
+            spent = {b: self.store.filter.spent(self.store.record_events(b)) for b in blocks}
             out |= {
-                "spent": max(spent.values(), default=0.0),
+                "spent": max(spent.values(), default=self.store.filter.spent(self.store.history())),
                 "retired": sorted(self.store.retired()),
             }
         return out

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dpmarket.actors.config import ConfigError
-from dpmarket.actors.ledger_store import StoreError, read_store
+from dpmarket.actors.ledger_store import StoreError, read_store, spending
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent
 
@@ -57,10 +57,11 @@ def _owner(contents: dict[str, Any]) -> dict[str, Any]:
     if runs:
         cap, delta = float(runs[-1]["cap_epsilon"]), float(runs[-1]["delta"])
         filt = RenyiFilter(cap, delta)
-        spent = filt.spent(_events(charged, -1))
-        blocks = sorted({r["block"] for r in charged if r["block"] >= 0} | set(contents["retired"]))
-        if blocks:  # each block's own budget; the owner's spent is the largest block's
-            per = {b: filt.spent(_events(charged, b)) for b in blocks}
+        history, paid = spending(contents["rows"], contents["blocks"])
+        spent = filt.spent(history)  # what every record paid (charges made without blocks)
+        blocks = sorted(set(paid) | set(contents["retired"]))
+        if blocks:  # per record: the history and its block's charges; the largest block's
+            per = {b: filt.spent([*history, *paid.get(b, [])]) for b in blocks}
             entry["blocks"] = {
                 str(b): {
                     "spent": per[b],
@@ -72,11 +73,6 @@ def _owner(contents: dict[str, Any]) -> dict[str, Any]:
             spent = max(spent, *per.values())
         entry |= {"spent": spent, "cap": cap, "delta": delta, "left": max(0.0, cap - spent)}
     return entry
-
-
-def _events(rows: list[dict[str, Any]], block: int) -> list[MechanismEvent]:
-    """The events of ``rows`` charged to ``block`` (-1: the owner's store without blocks)."""
-    return [MechanismEvent.from_dict(e) for r in rows if r["block"] == block for e in r["events"]]
 
 
 def budget_summary(target: Path) -> dict[str, Any]:

@@ -46,7 +46,8 @@ def test_old_blocks_retire_new_blocks_arrive_with_full_budgets(tmp_path: Path) -
     gate = _gate(tmp_path, cap * 1.001, size=10)  # each block pays for exactly 3 such rounds
     n, reads = 0, []
     for rnd in range(1, 9):
-        n += 5  # five records arrive before every round; each round reads every live block
+        gate.arrived(n, 5, 0.0)  # five records arrive before every round; each round reads
+        n += 5  # every live block
         live = gate.secure_round(_spec(rnd), "s", n)
         assert live is not None
         reads.append(sorted({int(b) for b in (np.arange(n) // 10)[live]}))
@@ -65,6 +66,7 @@ def test_every_block_spent_reads_nothing_and_a_replay_reads_the_same(tmp_path: P
     """With blocks an owner never declines (a decline would reveal its record count): with
     every block spent it reads no record, and a retired block stays retired."""
     gate = _gate(tmp_path, 0.5, size=4)
+    gate.arrived(0, 8, 0.0)
     live = gate.secure_round(_spec(1, sigma=1.0), "s", 8)
     assert live is not None and not live.any() and gate.declines == []
     assert read_store(tmp_path / "o.sqlite")["retired"] == [0, 1]
@@ -72,6 +74,7 @@ def test_every_block_spent_reads_nothing_and_a_replay_reads_the_same(tmp_path: P
     assert live is not None and not live.any()
     summary = gate.summary_gate(8)
     assert summary is not None and not summary.any()  # the owner passes: nothing to bid
+    gate.arrived(8, 4, 0.0)
     live = gate.secure_round(_spec(3, sigma=1e3), "s", 12)  # a new block arrives: it is read
     assert live is not None and list(np.flatnonzero(live)) == [8, 9, 10, 11]
     again = gate.secure_round(_spec(3, sigma=1e3), "s", 12)  # the same release: no new charge
@@ -88,6 +91,7 @@ def test_sketch_path_never_reads_a_retired_block(
     records = np.random.default_rng(3).uniform(-3, 3, (20, 2))
     records[:5] = 2.5  # block 0: a marker no other record has
     gate = _gate(tmp_path, 3.0, size=5)
+    gate.arrived(0, 20, 0.0)
     spent = MechanismEvent("gaussian", (("sigma", 0.2),), 1.0)
     gate.store.charge_blocks("earlier", "earlier", [spent], [0])  # block 0 cannot pay: retired
     seen: list[np.ndarray] = []
@@ -147,6 +151,7 @@ def test_a_release_reading_nothing_is_recorded_not_charged(tmp_path: Path) -> No
     from dpmarket.protocol.privacy.ledger import PrivacyLedger
 
     gate = _gate(tmp_path, 3.0, size=10)
+    gate.arrived(0, 20, 0.0)
     live = gate.secure_round(_spec(1), "s", 20, start=20)
     assert live is not None and not live.any()
     [row] = gate.store.rows("run-1")

@@ -48,12 +48,13 @@ def test_records_are_grouped_by_window_and_charged_per_block(tmp_path: Path) -> 
     live = gate.secure_round(_spec(1), "s", 12)
     assert live is not None and live.all()
     assert _charged(gate, ":s:1") == [0, 1]  # one release, charged to both blocks it read
-    gate.arrived(12, 6, at=47.0)  # window 4 (2 and 3 saw nothing)
+    gate.arrived(12, 6, at=47.0)  # window 4 (2 and 3 saw nothing): the store's block 2
     live = gate.secure_round(_spec(2), "s", 18, start=12)  # a delta: only the new records
     assert live is not None and list(np.flatnonzero(live)) == list(range(12, 18))
-    assert _charged(gate, ":s:2") == [4]
+    assert _charged(gate, ":s:2") == [2]
     store = gate.store
-    assert [len(store.events(b)) for b in (0, 1, 4)] == [1, 1, 1]
+    assert [len(store.events(b)) for b in (0, 1, 2)] == [1, 1, 1]
+    assert [s.key for s in store.blocks().starts] == [0, 1, 4]  # the windows they hold
     summary = gate.summary_gate(18)  # the plan is empty here: every live block may be bid
     assert summary is not None and summary.all()
 
@@ -66,9 +67,9 @@ def test_a_records_window_is_fixed_in_the_store_across_runs(tmp_path: Path) -> N
     # a later run re-reads the same files an hour later: the 20 known records keep blocks 0, 1
     later = _gate(tmp_path, 5.0, window=60.0, run="run-2")
     later.arrived(0, 25, at=3600.0)
-    assert later._of(25).tolist() == [0] * 10 + [1] * 10 + [60] * 5
+    assert later._of(25).tolist() == [0] * 10 + [1] * 10 + [2] * 5  # block 2: window 60
     later.secure_round(_spec(1), "s", 25)
-    assert _charged(later, ":s:1") == [0, 1, 60]
+    assert _charged(later, ":s:1") == [0, 1, 2]
 
 
 def test_a_spent_window_retires_and_new_windows_arrive_with_full_budgets(tmp_path: Path) -> None:
@@ -81,10 +82,11 @@ def test_a_spent_window_retires_and_new_windows_arrive_with_full_budgets(tmp_pat
         live = gate.secure_round(_spec(rnd), "s", n)
         assert live is not None
         reads.append(sorted({int(b) for b in gate._of(n)[live]}))
-    # window 1 pays rounds 1 and 2 and is retired at round 3; window 2 pays rounds 2 and 3 ...
-    assert reads == [[1], [1, 2], [2, 3], [3, 4], [4, 5]]
-    assert read_store(tmp_path / "o.sqlite")["retired"] == [1, 2, 3]
-    for block in range(1, 6):  # parallel composition: every window within the cap
+    # window 1 (block 0) pays rounds 1 and 2 and is retired at round 3; window 2 (block 1) pays
+    # rounds 2 and 3 ...
+    assert reads == [[0], [0, 1], [1, 2], [2, 3], [3, 4]]
+    assert read_store(tmp_path / "o.sqlite")["retired"] == [0, 1, 2]
+    for block in range(5):  # parallel composition: every window within the cap
         assert gate.store.filter.spent(gate.store.events(block)) <= gate.store.filter.epsilon
 
 

@@ -150,7 +150,7 @@ def test_time_window_blocks_of_a_growing_stream(tmp_path: Path) -> None:
     for owner in ("owner-1", "owner-2", "owner-3", "owner-4"):
         path = tmp_path / "stores" / f"{owner}.sqlite"
         with sqlite3.connect(path) as conn:
-            windows = [b for (b,) in conn.execute("SELECT block FROM arrivals ORDER BY block")]
+            windows = [b for (b,) in conn.execute("SELECT block FROM blocks ORDER BY block")]
             seen = int(conn.execute("SELECT value FROM meta WHERE key = 'seen'").fetchone()[0])
         assert len(windows) >= 2  # the stream kept arriving over several seconds
         assert seen >= private["owners"][owner]["ingested"] > 0  # every record has its window
