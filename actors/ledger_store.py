@@ -30,7 +30,8 @@ Guarantees (what a data-protection officer signs off):
   to blocks refuses a charge without blocks (:class:`StoreError`): that charge would be checked
   against the whole-store history alone, not against what each record's block paid.
 - **Declines are recorded** (state ``declined``, nothing charged), and so is a release that
-  reads none of a blocked owner's records (state ``unread``), so that the end-of-run
+  reads none of a blocked owner's records (state ``unread``: it reads no block, or only
+  retired ones), so that the end-of-run
   comparison with the curator's view can tell them from a missing charge.
 """
 
@@ -263,8 +264,8 @@ class LedgerStore:
         retired, read, now = self.retired(), [], time.time()
         label = "; ".join(sorted({e.label for e in events}))
         body = json.dumps([e.to_dict() for e in events], sort_keys=True)
-        if not blocks:  # the release reads none of the owner's records: recorded, not charged
-            self._conn.execute(
+        if not set(blocks) - retired:  # it reads none of the owner's records (none, or all
+            self._conn.execute(  # retired): recorded, not charged
                 "INSERT OR IGNORE INTO charges "
                 "(release, block, run, label, event, state, at, spent_after) "
                 "VALUES (?, -2, ?, ?, ?, 'unread', ?, 0.0)",

@@ -160,3 +160,26 @@ def test_a_release_reading_nothing_is_recorded_not_charged(tmp_path: Path) -> No
     curator.gaussian(6.0, 1.0, label="scan refresh (secure sum)", neighbouring=ADD_REMOVE)
     out = reconcile({"owner-0": curator.to_dict()}, {"owner-0": gate.view()})
     assert out["errors"] == []
+
+
+def test_a_release_reading_only_retired_blocks_is_recorded_not_charged(tmp_path: Path) -> None:
+    """The second purchase on a store whose every block is spent: its rounds read nothing and
+    are recorded 'unread', so the store covers the curator's (conservative) charges and the
+    report's budgets has no error."""
+    from dpmarket.actors.budgets import reconcile
+    from dpmarket.protocol.privacy.ledger import PrivacyLedger
+
+    gate = _gate(tmp_path, 0.5, size=10)
+    gate.arrived(0, 20, 0.0)
+    live = gate.secure_round(_spec(1, sigma=1.0), "s", 20)  # too dear: both blocks retire
+    assert live is not None and not live.any()
+    gate.store.close()
+    gate = _gate(tmp_path, 0.5, size=10, run="run-2")
+    gate.arrived(0, 20, 0.0)
+    live = gate.secure_round(_spec(1), "s", 20)
+    assert live is not None and not live.any()
+    [row] = gate.store.rows("run-2")
+    assert row["state"] == "unread" and row["block"] == -2
+    curator = PrivacyLedger("owner-0")
+    curator.gaussian(6.0, 1.0, label="scan refresh (secure sum)", neighbouring=ADD_REMOVE)
+    assert reconcile({"owner-0": curator.to_dict()}, {"owner-0": gate.view()})["errors"] == []
