@@ -99,7 +99,8 @@ def test_report_json_and_the_cli_print_points_accessed_against_the_budget(
     scenario = small_scenario(3)
     params = small_params(scenario, final_selection="exact", explore_share=1.0, max_points=13)
     pairs = zip(scenario.owner_names, scenario.owners, strict=True)
-    owners = [Owner(n, "r", X, y) for n, (X, y) in pairs]
+    owners = [Owner(n, "r", X, y, rng=np.random.default_rng(i)) for i, (n, (X, y)) in
+              enumerate(pairs)]  # fmt: skip
     curator = Curator("r", list(scenario.owner_names), scenario.validation, scenario.seed_set,
                       params, np.random.default_rng(0))  # fmt: skip
     transport = LoopbackTransport([curator, *owners])
