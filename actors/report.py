@@ -375,9 +375,7 @@ def public_report(
             "rejected": payload["rejected"],
             "colluders": list(colluders),
             "verdicts": payload.get("fault_verdicts", []),
-            "transport": {
-                k: v for k, v in payload["transport"].items() if k in PUBLIC_TRANSPORT
-            },
+            "transport": {k: v for k, v in payload["transport"].items() if k in PUBLIC_TRANSPORT},
         },
         "timings": {k: v for k, v in timings.items() if k in PUBLIC_TIMINGS},
         "secure_phases": public_secure,
@@ -412,9 +410,7 @@ def consumer_report(
             "rho": (payload["distinct_points"] + m) / max(p + m, 1),
             "purchased_pool": payload.get("purchased", 0),
         },
-        "transport": {
-            k: v for k, v in payload["transport"].items() if k not in PUBLIC_TRANSPORT
-        },
+        "transport": {k: v for k, v in payload["transport"].items() if k not in PUBLIC_TRANSPORT},
         "budgets": payload.get("budgets"),
         "owners": payload.get("owners", {}),
         "timings": {k: v for k, v in timings.items() if k not in PUBLIC_TIMINGS},

@@ -16,9 +16,10 @@ Two kinds of epoch fill the pool (``explore_epochs``, :mod:`.curator`):
   direction (g_tilde and g_l, or herding's virtual point), the auction decides who is asked;
 * *exploration* epochs, the first ``explore_epochs`` of the run: each owner bids a point drawn
   uniformly from its biddable records under its own secret key (``Owner(rng=...)``, from OS
-  entropy in a deployment: actors/randomness.py), and every bidder is asked. A noisy g_tilde steers all owners
-  toward the mode of the target (on the digits split: 3s, not 4s); a uniform share of the pool
-  keeps every region of every owner's data within reach of the exact selection.
+  entropy in a deployment: actors/randomness.py), and every bidder is asked. A noisy g_tilde
+  steers all owners toward the mode of the target (on the digits split: 3s, not 4s); a uniform
+  share of the pool keeps every region of every owner's data within reach of the exact
+  selection.
 
 Privacy (what the ledger charges: nothing for this module):
 * The final selection reads D_v exactly, but its output (which purchased points form the
