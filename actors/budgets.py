@@ -15,6 +15,21 @@ the curator has events. A shortfall means a release the owner never accounted fo
 ``mismatch``, listed under ``budgets.errors`` of report.json. The store holding more than the
 curator (a round charged whose release never happened, planned epochs unused) is the
 conservative direction and is reported as ``over``.
+
+What is public (report.json's ``budgets``, :func:`public_budgets`) and what is the consumer's
+(report.private.json's ``budgets``, the whole of :func:`reconcile`). Without blocks, an owner's
+entry is public: its ``spent``, ``run_charged``, ``over`` and ``declined`` follow from the
+public parameters of the releases and the owner's own past charges and declines, never from
+its records (a decline is seen by every party as absence anyway). With blocks
+(``[privacy].block_records`` or ``block_seconds``) which blocks exist, which were retired and
+what each spent depend on the owner's record count and arrival times: ``spent`` (the largest
+block's), ``run_charged`` (the releases some live block paid: a refresh reading no new record
+pays nothing), ``over``, ``declined`` (from the gate's declines) and ``retired`` (block ids) go
+to the consumer only. The public entry keeps ``status`` (does the store record every release
+the curator charged: one row per release whatever its state, so it does not depend on the
+count), ``cap``, ``delta``, ``curator`` (the curator's epsilon, from the ``privacy`` section's
+events) and ``blocks`` (true). ``errors`` is public: its messages name epsilons over rows
+counted once per release and per-label release counts, none of them per block.
 """
 
 from __future__ import annotations
@@ -39,6 +54,7 @@ __all__ = [
     "consumer_refusal",
     "ledger_run_id",
     "owner_gates",
+    "public_budgets",
     "reconcile",
 ]
 
@@ -212,10 +228,32 @@ def reconcile(
             "curator": eps_curator,
             "over": max(0.0, eps_covered - eps_curator),
             "declined": len(view.get("declines", [])),
+            "blocks": "retired" in view,  # a gate with blocks lists its retired blocks
         }
+        if "retired" in view:
+            owners[name]["retired"] = list(view["retired"])
         errors.extend(f"{name}: {p}" for p in problems)
     return {
         "filter": "Rényi filter, protocol/privacy/filter.py (spent: epsilon at the cap's delta)",
         "owners": owners,
         "errors": errors,
     }
+
+
+# an owner entry's keys that report.json keeps when the owner's budget has blocks (module
+# docstring: the others depend on which blocks exist, so on the owner's record count)
+PUBLIC_BLOCKED_KEYS = ("status", "cap", "delta", "curator", "blocks")
+
+
+def public_budgets(section: dict[str, Any] | None) -> dict[str, Any] | None:
+    """report.json's ``budgets``: :func:`reconcile`'s section without what depends on an
+    owner's record count (module docstring); the whole section is the consumer's."""
+    if section is None:
+        return None
+    owners: dict[str, Any] = {}
+    for name, entry in section["owners"].items():
+        if entry.get("blocks"):
+            owners[name] = {k: entry[k] for k in PUBLIC_BLOCKED_KEYS}
+        else:
+            owners[name] = {k: v for k, v in entry.items() if k != "retired"}
+    return section | {"owners": owners}

@@ -4,7 +4,8 @@ Two kinds of randomness run through a market, and they never share a seed:
 
 - **Noise** (every draw a privacy guarantee rests on: the Gaussian, Laplace and tree noise of the
   summary channels, MWEM's selection and measurements, the validation release, the auction's
-  coins, each owner's share of the secure-sum noise, RACE releases, the regression's noise).
+  coins, each owner's share of the secure-sum noise, RACE releases, the regression's noise,
+  each owner's exploration draws: a public draw's token would give away its record count).
   A DP guarantee assumes the adversary cannot predict the noise; a generator seeded from any
   value a party can learn (the config, report.json, the h1 seed sent in ``summary.setup``) gives
   epsilon = infinity, because the noise can be regenerated and subtracted. :class:`NoiseSource`
@@ -14,7 +15,7 @@ Two kinds of randomness run through a market, and they never share a seed:
   its key is never written anywhere. numpy's PCG64 is not used for noise even from OS entropy:
   its state can be recovered from enough outputs, and many releases of one generator are public.
 - **Public randomness** (h1's random Fourier features, LSH functions, herding candidates,
-  exploration draws, simulated data, the harness's baselines): :func:`public_generator`, from
+  simulated data, the harness's baselines): :func:`public_generator`, from
   a configuration seed.
 
 Reproducible noise exists for simulations and tests only: :meth:`NoiseSource.reproducible`

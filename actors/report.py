@@ -30,13 +30,14 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
   where it counts none of the party's events), the events, and for each honest owner the guarantee
   against the simulated coalition of colluders: what each party was charged, computed from the
   events (mechanism and parameters), not from data.
-- ``parsimony``: ``summary_size`` (p), ``validation_size`` (m), ``distinct_points``,
-  ``total_transfers``, rho = (distinct + m) / (p + m), ``final_selection``, ``purchased_pool``
-  (verified deliveries), ``max_points`` (null: unbounded; never exceeded), ``allocation``
-  (allocate-select's public ``rule``, score ``ridge``, ``noise_multiplier``; null: none).
+- ``parsimony``: ``summary_size`` (the q every owner received last), ``validation_size`` (m),
+  ``final_selection``, ``max_points`` (null: unbounded; the curator never receives more distinct
+  points), ``allocation`` (allocate-select's public ``rule``, score ``ridge``,
+  ``noise_multiplier``; null: none). The realised counts are the consumer's (below).
 - ``faults``: owners lost (epoch), dropped, frames late, deliveries rejected, the colluders,
-  transport counters and ``verdicts`` (per simulated fault: tolerated and how, or not triggered,
-  with the T budget used): which parties failed and how T was spent, which owners need to check.
+  ``transport`` (``refused`` frames per owner, ``expelled`` and ``dead`` parties) and
+  ``verdicts`` (per simulated fault: tolerated and how, or not triggered, with the T budget
+  used): which parties failed and how T was spent, which owners need to check.
 - ``timings``: ``start`` and ``ingest_and_summarise`` seconds (wall clock the owners observe).
 - ``secure_phases``: the secure-sum rounds' DP releases and their noise: ``normalise`` (DP pool
   count, per-feature means and spreads; with ``standardize`` on, owners also receive the means
@@ -47,8 +48,10 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
   ``reason``, e.g. a DP count below 3 sigma), the compute nodes, T, the share
   scheme, absent owners and errors. Any key of a round outside :data:`PUBLIC_SECURE` goes to
   the consumer's report.
-- ``budgets``: null, or per owner with a persistent store its spent, cap, delta and whether the
-  store covers the curator's view of the run (``errors``: every mismatch; actors/budgets.py).
+- ``budgets``: null, or per owner with a persistent store whether the store covers the
+  curator's view of the run (``status``; ``errors``: every mismatch), its cap and delta, the
+  curator's epsilon and, without blocks only, its spent, this run's charge and declines
+  (actors/budgets.py: with blocks those depend on which blocks exist, so on the count).
 
 Consumer's ``report.private.json`` (schema 2):
 
@@ -62,6 +65,11 @@ Consumer's ``report.private.json`` (schema 2):
   selection kept is a function of D_v; which owner won an epoch, of the verified gains.
 - ``secure_phases``: what the public section withholds: the scan's ``coverage`` (mean KDE of the
   DP pool sketch at the exact validation points) and each refresh's ``coverage``.
+- ``parsimony``: ``distinct_points``, ``total_transfers``, rho = (distinct + m) / (p + m),
+  ``purchased_pool`` (verified deliveries): the points the curator accessed (Aggregate counts).
+- ``transport``: the transport's ``frames_sent``, ``bytes_sent``, ``calls`` and ``errors``.
+- ``budgets``: actors/budgets.py's whole section: with blocks also each owner's ``spent``
+  (largest block's), ``run_charged``, ``over``, ``declined`` and ``retired`` block ids.
 - ``owners``: per live owner at the end: records held, records ingested from files, rejects,
   epochs seen, times asked, errors. Exact counts of an owner's records (no noise), and every
   owner's asks (the auction's outcomes: a ledger charges each owner for its own ask bit, and a
@@ -73,12 +81,43 @@ Consumer's ``report.private.json`` (schema 2):
   uniform sampling; the summary is the consumer's.
 
 Aggregate counts. ``distinct_points``, ``total_transfers``, ``purchased_pool``, rho and the
-transport counters are functions of the auction outcomes of all owners (who was asked, whose
-point won), which depend on D_v only through its DP release; no ledger charges them as such.
-With tau = 1 every bidder is asked each epoch. They stay public because parsimony is a promise
-to the owners that they must be able to check; an operator holding to the ledger alone can
-withhold them. Likewise a ``faults`` entry naming an owner dropped in the "asking" phase,
-or whose delivery was rejected, shows that it was asked: kept public as fault evidence.
+transport's frame and byte counts depend on the owners' data beyond any DP release: whether
+an asked point was delivered before (a repeat) depends on the records; an exploration draw
+repeats a point with a probability set by the owner's count n_i; a record of a retired block
+never bids, and an owner with nothing left to bid passes; a frame's size grows with its token
+(a record's arrival position, msgpack's variable-length integers). So they are the consumer's.
+Parsimony stays a promise owners can check: ``max_points`` is public and enforced by the
+curator, and each owner counts its own deliveries.
+
+Audit: every field of report.json, one question: can it be computed from public values
+(the configuration, m, the public seed set) and the DP releases alone? ``no*``: not from the
+releases alone, but every owner observes it while taking part, so report.json repeats it and
+adds nothing; ``moved``: now in report.private.json.
+
+- ``schema``, ``run``: yes (public configuration, m, gamma from the public seed set).
+- ``outcome``: no*. Epochs and reason follow from the DP releases and from whether any owner
+  bid (an owner with nothing left to bid, or every block retired, passes); every owner
+  receives them during the run (each epoch frame and the finish frame).
+- ``privacy``: yes (the events and their parameters, never data).
+- ``parsimony.summary_size``: no* (the q every owner received last, as ``outcome``);
+  ``validation_size``, ``final_selection``, ``max_points``, ``allocation``: yes (config);
+  ``distinct_points``, ``total_transfers``, ``rho``, ``purchased_pool``: no, moved.
+- ``faults``: ``lost``, ``dropped``, ``late_frames``, ``rejected``, ``verdicts``,
+  ``colluders`` and ``transport.refused/expelled/dead``: no*, fault evidence kept public
+  (owners must see how T was spent). A deadline reads the clock and an owner's reply time
+  grows with its records, so who was dropped or late is timing, which every party observes.
+  An owner dropped in the "asking" phase, or whose delivery was rejected, was asked.
+  ``transport.frames_sent/bytes_sent/calls/errors``: no, moved.
+- ``timings``: no* (wall clock of phases every owner takes part in).
+- ``secure_phases``: yes for :data:`PUBLIC_SECURE` (DP releases); coverage reads D_v: moved.
+- ``budgets``: without blocks yes (public parameters, the owner's own charges and declines);
+  with blocks ``status``, ``cap``, ``delta``, ``curator``, ``blocks`` yes; ``spent``,
+  ``run_charged``, ``over``, ``declined``, ``retired``: no (which blocks exist and retired
+  depends on the count), moved.
+
+None of the public fields is a record count: an owner's data sets of different sizes (and
+numbers of blocks) with the same releases give a byte-identical report.json
+(``tests/actors/test_report.py``).
 
 Files: ``report.json`` and ``privacy.png`` (public); ``report.private.json``, ``summary.csv``
 (one row per summary point: owner, token, epoch, bid, gain, label, features), ``summary.npz``
@@ -96,6 +135,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from dpmarket.actors.budgets import public_budgets
 from dpmarket.actors.curator import write_json_atomic
 from dpmarket.protocol.privacy.epsilons import epsilon_value, party_epsilons
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
@@ -127,17 +167,20 @@ PUBLIC_FIELDS: dict[str, str] = {
     "run": "the configuration (all public), m, gamma from the public seed set, the Ray address",
     "outcome": "state, reason and epochs: every owner takes part in every epoch",
     "privacy": "each party's ledger: what it was charged, computed from the events",
-    "parsimony": "p, m, the configured final selection, aggregate counts owners are promised",
+    "parsimony": "the last q owners received, m, max_points and the configured selection",
     "faults": "lost, dropped and colluding parties, late frames, rejects, T used",
     "timings": "wall clock of the run's phases, observed by every owner",
     "secure_phases": "the secure sums' DP releases and noise (PUBLIC_SECURE)",
-    "budgets": "owners' persistent stores against the curator's view (actors/budgets.py)",
+    "budgets": "stores against the curator's view, nothing per block (public_budgets)",
 }
 CONSUMER_FIELDS: dict[str, str] = {
     "schema": "the format version",
     "value": "sum of winning marginal gains per owner: gains against D_v",
     "selection": "which purchased points the final selection kept: a function of D_v",
     "secure_phases": "coverage of D_v by the DP pool sketch (scan and each refresh)",
+    "parsimony": "points the curator accessed: repeats and passes depend on owners' records",
+    "transport": "frame and byte counts (a token's size is its arrival position) and errors",
+    "budgets": "each store's totals; with blocks, spent, declines and retired blocks",
     "owners": "exact per-owner record counts and every owner's asks",
     "timings": "the harness's utility computation",
     "utility": "MMD^2 and accuracy of the consumer's summary on the harness's test set",
@@ -161,6 +204,8 @@ PUBLIC_SECURE: dict[str, frozenset[str] | None] = {
     ),
 }
 PUBLIC_TIMINGS = frozenset({"start", "ingest_and_summarise"})
+# transport keys that are fault evidence (public); the counters are the consumer's
+PUBLIC_TRANSPORT = frozenset({"refused", "expelled", "dead"})
 F64 = npt.NDArray[np.float64]
 
 
@@ -319,11 +364,7 @@ def public_report(
         "parsimony": {
             "summary_size": p,
             "validation_size": m,
-            "distinct_points": payload["distinct_points"],
-            "total_transfers": payload["total_transfers"],
-            "rho": (payload["distinct_points"] + m) / max(p + m, 1),
             "final_selection": payload.get("final_selection", "none"),
-            "purchased_pool": payload.get("purchased", 0),
             "max_points": payload.get("max_points"),
             "allocation": payload.get("allocation"),
         },
@@ -334,22 +375,26 @@ def public_report(
             "rejected": payload["rejected"],
             "colluders": list(colluders),
             "verdicts": payload.get("fault_verdicts", []),
-            "transport": payload["transport"],
+            "transport": {k: v for k, v in payload["transport"].items() if k in PUBLIC_TRANSPORT},
         },
         "timings": {k: v for k, v in timings.items() if k in PUBLIC_TIMINGS},
         "secure_phases": public_secure,
-        "budgets": payload.get("budgets"),  # null without persistent owner budgets
+        "budgets": public_budgets(payload.get("budgets")),  # null without owner budgets
     }
     return _checked(report, PUBLIC_FIELDS, PUBLIC_REPORT)
 
 
 def consumer_report(
-    payload: dict[str, Any], timings: dict[str, float], utility: dict[str, Any] | None
+    payload: dict[str, Any],
+    timings: dict[str, float],
+    utility: dict[str, Any] | None,
+    validation_size: int = 0,
 ) -> dict[str, Any]:
     """``report.private.json``: the fields derived from D_v or from owners' exact values
     (:data:`CONSUMER_FIELDS`; module docstring)."""
     _, withheld = split_secure_phases(payload.get("secure_phases", {}))
     kept = Counter(str(p["owner"]) for p in payload["provenance"])
+    m, p = validation_size, len(payload["provenance"])
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "value": payload["value"],
@@ -359,6 +404,14 @@ def consumer_report(
             "provenance_files": ["summary.csv", "summary.npz"],
         },
         "secure_phases": withheld,
+        "parsimony": {
+            "distinct_points": payload["distinct_points"],
+            "total_transfers": payload["total_transfers"],
+            "rho": (payload["distinct_points"] + m) / max(p + m, 1),
+            "purchased_pool": payload.get("purchased", 0),
+        },
+        "transport": {k: v for k, v in payload["transport"].items() if k not in PUBLIC_TRANSPORT},
+        "budgets": payload.get("budgets"),
         "owners": payload.get("owners", {}),
         "timings": {k: v for k, v in timings.items() if k not in PUBLIC_TIMINGS},
     }
@@ -392,7 +445,7 @@ def write_outputs(
     privacy = privacy_section(payload["ledgers"], delta, colluders)
     reports = Reports(
         public_report(run, payload, privacy, colluders, timings),
-        consumer_report(payload, timings, utility),
+        consumer_report(payload, timings, utility, int(run.get("validation_size", 0))),
     )
     _plots(out, privacy, curves or {})
     write_json_atomic(out / CONSUMER_REPORT, reports.consumer)

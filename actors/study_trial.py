@@ -310,7 +310,7 @@ def run_trial(
     params = config.curator_params(scenario.gamma, len(scenario.validation))
     run_id = f"study-{seed}"
     owners = {
-        name: Owner(name, run_id, X, y)
+        name: Owner(name, run_id, X, y, rng=noise.generator(f"summary:{name}"))
         for name, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
     }
     curator = Curator(

@@ -129,11 +129,19 @@ def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None)
     """Print the public ``report`` and, when given, the consumer's utility (actors/report.py)."""
     outcome, parsimony = report["outcome"], report["parsimony"]
     print(f"state {outcome['state']} after {outcome['epochs']} epochs: {outcome['reason']}")
-    print(
-        f"summary {parsimony['summary_size']} points; curator saw {parsimony['distinct_points']} "
-        f"distinct points of max_points {parsimony.get('max_points') or 'unbounded'} in "
-        f"{parsimony['total_transfers']} transfers (rho {parsimony['rho']:.2f})"
-    )
+    accessed = (consumer or {}).get("parsimony") or parsimony  # schema 2 before issue 24: public
+    if "distinct_points" in accessed:
+        print(
+            f"summary {parsimony['summary_size']} points; curator saw "
+            f"{accessed['distinct_points']} distinct points of max_points "
+            f"{parsimony.get('max_points') or 'unbounded'} in {accessed['total_transfers']} "
+            f"transfers (rho {accessed['rho']:.2f})"
+        )
+    else:  # the points accessed are the consumer's (actors/report.py)
+        print(
+            f"summary {parsimony['summary_size']} points; max_points "
+            f"{parsimony.get('max_points') or 'unbounded'}"
+        )
     delta = report["privacy"]["delta"]
     print(f"{'protected party':<16} {'eps (PLD)':>10} {'Theorem 7':>10} {'paper count':>12}")
     for party, entry in report["privacy"]["parties"].items():

@@ -19,7 +19,11 @@ stalling the run; so an owner withdraws a point after delivering it ``max_delive
 That decision uses only what the owner already saw (being asked), so it costs no privacy.
 
 Exploration epochs (``EpochBody.explore``, protocol/summary/selection.py): the owner bids a biddable
-point drawn by a generator seeded with public values only, scored as usual; every bidder is asked.
+point drawn uniformly by its own secret generator (``rng``), scored as usual; every bidder is
+asked. A draw by a publicly seeded generator would be a public function of the number of
+biddable records, so its token would tell the curator the owner's count exactly. The draw is
+a keyed hash of the epoch number under a key the owner takes once from ``rng``: an epoch sent
+again after a curator's resume gets the same draw while the biddable records are the same.
 
 Deadlines: a phase's deadline is armed at the first ``expire(now)`` after it opens and fires at
 ``now >= armed + phase_timeout``; owners that have not answered by then count as dropped for that
@@ -38,6 +42,7 @@ Curator: (bidding, bid | pass) -> bidding / asking; (asking, deliver) -> asking 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -58,7 +63,6 @@ from dpmarket.protocol.summary.messages import (
     ValidationBody,
 )
 from dpmarket.protocol.summary.objective import bid_direction
-from dpmarket.protocol.summary.selection import exploration_generator
 from dpmarket.protocol.wire.codec import Message
 from dpmarket.protocol.wire.errors import LocalProtocolError, RemoteProtocolError
 from dpmarket.protocol.wire.parties import Handler, Outbox, body_of, dispatch
@@ -99,8 +103,9 @@ class Owner:
         rng: np.random.Generator | None = None,
         profile_floor: float | None = None,
     ):
-        """``rng``: the owner's secret noise generator, needed only for the allocation profile
-        of allocate-select (protocol/summary/allocate.py). ``profile_floor``: the operator's
+        """``rng``: the owner's secret generator, needed only for the noise of allocate-select's
+        allocation profile (protocol/summary/allocate.py) and for exploration draws
+        (protocol/summary/selection.py). ``profile_floor``: the operator's
         noise multiplier for that profile, given at construction (never by the curator): a
         profile asked with less noise is refused, and without a floor none is released."""
         X_arr = np.asarray(X, dtype=np.float64)
@@ -128,6 +133,7 @@ class Owner:
         self._rng = rng
         self._profile_floor = profile_floor
         self._profile: F64 | None = None  # released once, re-sent unchanged on a resume
+        self._explore_key: bytes | None = None  # secret, from rng at the first exploration
         self._table: dict[tuple[str, str], Handler] = {
             # setup is accepted in every state: a resumed run re-sends it to returning owners
             **{(state, "summary.setup"): self._on_setup for state in _OWNER_STATES},
@@ -247,13 +253,29 @@ class Owner:
         # winner's bid in float64 within its verification tolerance)
         direction = bid_direction(self._g_validation, g, body.summary_size)
         bids = np.where(biddable, direction.astype(np.float32) @ store.HT, -np.inf)
-        if body.explore:  # a uniform draw by a public generator (protocol/summary/selection.py)
-            draw = exploration_generator(self._setup.h1_seed, msg.round, self.name)
-            token = int(draw.choice(np.flatnonzero(biddable)))
+        if body.explore:  # a uniform draw by the owner's secret generator (selection.py)
+            token = self._exploration_draw(msg.round, biddable)
         else:
             token = int(np.argmax(bids))
         self._bids = {token: float(bids[token])}
         return [self._out.make(msg.sender, msg.round, BidBody(token, float(bids[token])))]
+
+    def _exploration_draw(self, epoch: int, biddable: npt.NDArray[np.bool_]) -> int:
+        """A record drawn uniformly from ``biddable``: BLAKE2b of the epoch number keyed with
+        256 secret bits drawn once from the owner's generator, reduced modulo the number of
+        biddable records (128 bits, so the bias is below 2^-100). A function of the epoch, so
+        a resumed epoch draws the same record again; secret, so the token is not a public
+        function of the count (protocol/summary/selection.py)."""
+        if self._explore_key is None:
+            if self._rng is None:
+                raise LocalProtocolError(
+                    f"{self.name}: the curator asks for an exploration draw, but this owner "
+                    "was given no secret generator"
+                )
+            self._explore_key = self._rng.bytes(32)
+        candidates = np.flatnonzero(biddable)
+        digest = hashlib.blake2b(str(epoch).encode(), key=self._explore_key, digest_size=16)
+        return int(candidates[int.from_bytes(digest.digest(), "little") % len(candidates)])
 
     def _release_profile(self, body: EpochBody) -> ProfileBody:
         """The DP mean of h1 (protocol/summary/allocate.py) or, when the epoch names bin edges,

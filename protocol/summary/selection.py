@@ -15,10 +15,11 @@ Two kinds of epoch fill the pool (``explore_epochs``, :mod:`.curator`):
 * *steering* epochs (the usual ones): every owner bids its best point under the broadcast
   direction (g_tilde and g_l, or herding's virtual point), the auction decides who is asked;
 * *exploration* epochs, the first ``explore_epochs`` of the run: each owner bids a point drawn
-  uniformly from its biddable records by a generator seeded with public values only
-  (:func:`exploration_generator`), and every bidder is asked. A noisy g_tilde steers all owners
-  toward the mode of the target (on the digits split: 3s, not 4s); a uniform share of the pool
-  keeps every region of every owner's data within reach of the exact selection.
+  uniformly from its biddable records under its own secret key (``Owner(rng=...)``, from OS
+  entropy in a deployment: actors/randomness.py), and every bidder is asked. A noisy g_tilde
+  steers all owners toward the mode of the target (on the digits split: 3s, not 4s); a uniform
+  share of the pool keeps every region of every owner's data within reach of the exact
+  selection.
 
 Privacy (what the ledger charges: nothing for this module):
 * The final selection reads D_v exactly, but its output (which purchased points form the
@@ -27,15 +28,28 @@ Privacy (what the ledger charges: nothing for this module):
   carries the epoch count and the reason). It is therefore not a release to any owner, and
   releases to owners are what the ledgers protect. A deployment must not pay owners by final
   inclusion (pay per delivery), or the payment becomes such a release.
-* An exploration epoch's broadcast and its ask set do not depend on any private data: the
-  point an owner bids is a function of its own records and public seeds, and every bidder is
-  asked. No auction runs, so no auction step is charged.
-The price is parsimony: the curator accesses the whole pool (reported as points accessed).
+* An exploration epoch's broadcast and its ask set do not depend on any private data: every
+  bidder is asked, whatever its bid. No auction runs, so no auction step is charged.
+* What an exploration token tells the trusted curator (never an owner: tokens are not in any
+  frame an owner receives, nor in report.json). A token is a record's arrival position. Drawn
+  by a publicly seeded generator (as before issue 24) it was a public function of the number of
+  biddable records k: ``choice`` over k items, so anyone holding the seeds could try every k
+  and read off the owner's exact count from a token or two (the consumer too, from the tokens
+  and epochs in summary.csv). Drawn by the owner's secret generator it is uniform on the
+  biddable records: each token is below k, so E exploration draws bound k from below and
+  estimate it to within about k / E, and a repeated token hints at a small k. The curator
+  learns at least as much anyway: it receives every purchased point in the clear, allocate-
+  select's profile message carries the owner's record count, and each steering token is a
+  position below the count too. The curator is trusted with the points, so with their number;
+  the consumer's summary.csv shows the tokens of the kept points only (lower bounds).
+  tests/protocol/summary/test_selection.py checks that the tokens are no longer a function of
+  public values (the curator's exact-count attack of a public draw fails).
+The price is parsimony: the curator accesses the whole pool (report.private.json's points
+accessed).
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,25 +61,12 @@ __all__ = [
     "FINAL_SELECTIONS",
     "PoolEntry",
     "PurchasedPool",
-    "exploration_generator",
     "prefix_gains",
 ]
 
 FINAL_SELECTIONS = ("none", "exact")
 F64 = npt.NDArray[np.float64]
 F32 = npt.NDArray[np.float32]
-
-
-def exploration_generator(h1_seed: int, epoch: int, owner: str) -> np.random.Generator:
-    """The public generator an owner draws its exploration point with in ``epoch``.
-
-    Seeded by public values only (h1's seed, the epoch number, the owner's name), so the draw
-    depends on the owner's records only through which of them are still biddable, and a
-    resumed epoch draws the same point again.
-    """
-    return np.random.default_rng(
-        [int(h1_seed) & (2**63 - 1), int(epoch), zlib.crc32(owner.encode())]
-    )
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def test_sketch_path_never_reads_a_retired_block(
 def test_bid_path_never_offers_a_retired_record() -> None:
     scenario = small_scenario(2, n_points=80)
     X, y = scenario.owners[0][0][:20], scenario.owners[0][1][:20]
-    owner = Owner("owner-1", "run", X, y)
+    owner = Owner("owner-1", "run", X, y, rng=np.random.default_rng(0))  # exploration key
     params = small_params(scenario, d=16)
     curator = small_curator("run", scenario, params, 0)
     for msg in curator.start():

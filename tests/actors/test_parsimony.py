@@ -99,7 +99,8 @@ def test_report_json_and_the_cli_print_points_accessed_against_the_budget(
     scenario = small_scenario(3)
     params = small_params(scenario, final_selection="exact", explore_share=1.0, max_points=13)
     pairs = zip(scenario.owner_names, scenario.owners, strict=True)
-    owners = [Owner(n, "r", X, y) for n, (X, y) in pairs]
+    owners = [Owner(n, "r", X, y, rng=np.random.default_rng(i)) for i, (n, (X, y)) in
+              enumerate(pairs)]  # fmt: skip
     curator = Curator("r", list(scenario.owner_names), scenario.validation, scenario.seed_set,
                       params, np.random.default_rng(0))  # fmt: skip
     transport = LoopbackTransport([curator, *owners])
@@ -113,6 +114,10 @@ def test_report_json_and_the_cli_print_points_accessed_against_the_budget(
     run = {"name": "r", "validation_size": len(scenario.validation), "gamma": scenario.gamma}
     reports = write_outputs(tmp_path, run, payload, 1e-5, (), {"start": 1.0}, None)
     parsimony = reports.public["parsimony"]
-    assert parsimony["max_points"] == 13 and parsimony["distinct_points"] == 13
-    print_report(reports.public)
+    assert parsimony["max_points"] == 13 and "distinct_points" not in parsimony  # consumer's
+    assert reports.consumer["parsimony"]["distinct_points"] == 13
+    print_report(reports.public, reports.consumer)
     assert "curator saw 13 distinct points of max_points 13" in capsys.readouterr().out
+    print_report(reports.public)  # an owner reads the promise, not the points accessed
+    printed = capsys.readouterr().out
+    assert "; max_points 13\n" in printed and "distinct" not in printed

@@ -3,6 +3,7 @@ and the consumer's report.private.json with everything computed from the validat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,8 +13,11 @@ import numpy as np
 import pytest
 
 from dpmarket.actors import report as report_module
+from dpmarket.actors.budget_config import OwnerBudget
+from dpmarket.actors.budgets import reconcile
 from dpmarket.actors.commands.market import print_report as _print_report
 from dpmarket.actors.curator import result_payload
+from dpmarket.actors.owner_budget import BudgetGate, OwnerGate
 from dpmarket.actors.report import (
     CONSUMER_FIELDS,
     CONSUMER_REPORT,
@@ -38,9 +42,12 @@ from dpmarket.actors.securephase_journal import (
     scan_summary as _scan_summary,
 )
 from dpmarket.actors.transport import FaultPlan, LoopbackTransport
+from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.securesum.spec import RoundResult
 from dpmarket.protocol.summary.curator import Curator, CuratorParams
 from dpmarket.protocol.summary.owner import Owner
+from dpmarket.protocol.summary.snr import planned_owner_ledger
+from dpmarket.protocol.wire.codec import Message
 from dpmarket.streams.race.lsh import make_family
 from dpmarket.streams.race.sketch import RaceSketch
 from dpmarket.streams.synthetic import Scenario
@@ -83,16 +90,28 @@ def _secure_phases(scenario: Scenario, validation: np.ndarray[Any, Any]) -> dict
     }
 
 
+def _owners(scenario: Scenario) -> list[Owner]:
+    """The scenario's owners, each with its secret generator (fixed seeds: a test)."""
+    pairs = zip(scenario.owner_names, scenario.owners, strict=True)
+    return [Owner(n, RUN, X, y, rng=np.random.default_rng([3, i])) for i, (n, (X, y)) in
+            enumerate(pairs)]  # fmt: skip
+
+
 def _payload(
-    scenario: Scenario, validation: np.ndarray[Any, Any], params: CuratorParams
+    scenario: Scenario,
+    validation: np.ndarray[Any, Any],
+    params: CuratorParams,
+    gated: dict[str, Any] | None = None,
+    releases: Scenario | None = None,
 ) -> dict[str, Any]:
-    """An in-process run (LoopbackTransport) as the curator actor would hand it to the driver."""
-    owners = [
-        Owner(n, RUN, X, y) for n, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
-    ]
+    """An in-process run (LoopbackTransport) as the curator actor would hand it to the driver.
+    ``gated``: ``parties`` to run instead of plain owners and their ``gates`` (budgets);
+    ``releases``: the scenario whose records the secure phases' fixed releases are built from."""
+    owners = _owners(scenario)
     curator = Curator(RUN, list(scenario.owner_names), validation, scenario.seed_set, params,
                       np.random.default_rng(6))  # fmt: skip
-    transport = LoopbackTransport([curator, *owners], faults=FaultPlan())
+    transport = LoopbackTransport([curator, *(gated or {}).get("parties", owners)],
+                                  faults=FaultPlan())  # fmt: skip
     transport.send(curator.start())
     transport.run_until(lambda: curator.done)
     assert not transport.errors and curator.state == "done"
@@ -100,12 +119,16 @@ def _payload(
                             calls=0, errors=[], dead=set(), refused={},
                             expelled=set())  # fmt: skip
     payload = result_payload(curator.result(), curator, stats)  # type: ignore[arg-type]
-    payload["secure_phases"] = _secure_phases(scenario, validation)
+    payload["secure_phases"] = _secure_phases(releases or scenario, validation)
     payload["fault_verdicts"] = []
+    parties = [getattr(o, "party", o) for o in (gated or {}).get("parties", owners)]
     payload["owners"] = {
         o.name: {"records": o.n_records, "asks": o.asks, "epochs_seen": o.epochs_seen}
-        for o in owners
+        for o in parties
     }
+    if gated is not None:  # as actors/budgets.py's budget_report builds it from the actors
+        views = {name: gate.view() for name, gate in gated["gates"].items()}
+        payload["budgets"] = reconcile(payload["ledgers"], views)
     return payload
 
 
@@ -226,3 +249,75 @@ def test_cli_prints_the_public_report_and_the_consumers_utility(
     assert "utility private  MMD^2 0.01000  LinearSVC 0.900" in out
     _print_report(reports.public)  # the public report alone prints without the utility
     assert "utility" not in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ counts (issue 24)
+class _GatedOwner:
+    """An owner party behind its budget gate, as the owner actor runs it (actors/owner.py):
+    before every frame the gate charges the summary plan to blocks that have not paid it and
+    the records of blocks that cannot pay are retired (never bid)."""
+
+    def __init__(self, party: Owner, gate: OwnerGate) -> None:
+        self.party, self.gate, self.name = party, gate, party.name
+
+    def receive(self, msg: Message) -> list[Message]:
+        live = self.gate.summary_gate(self.party.n_records)
+        if live is None:
+            return []
+        self.party.retire(~live)
+        return self.party.receive(msg)
+
+    def expire(self, now: float) -> list[Message]:
+        return self.party.expire(now)
+
+
+@pytest.fixture(scope="module")
+def two_sizes(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, Reports, list[int]]]:
+    """owner-1 holds 51 records (blocks 0-5 of 10) or 63 (blocks 0-6), everything else equal.
+    An earlier purchase spent blocks 5 and up (those that held records then), so they retire
+    at the summary plan: records 0-49 bid in both runs, the releases are the same, and the
+    gate's view differs (6 or 7 blocks, retired [5] or [5, 6], one decline per retired block
+    before issue 24)."""
+    scenario = small_scenario(5, n_points=900, dim=4, n_validation=40)
+    params = small_params(scenario, p=8, tau=2, final_selection="exact", explore_share=1.0,
+                          auction_variant="pure")  # fmt: skip
+    plan = planned_owner_ledger(params).events
+    cap = RenyiFilter(1.0, 1e-5).spent([*plan, *plan]) * (1 + 1e-6)  # two plans, not three
+    run = {"name": RUN, "validation_size": 40, "gamma": scenario.gamma}
+    timings = {"start": 1.0, "ingest_and_summarise": 2.0}
+    X, y = scenario.owners[0]
+    runs = []
+    for n in (51, 63):
+        sized = dataclasses.replace(scenario, owners=[(X[:n], y[:n]), *scenario.owners[1:]])
+        out = tmp_path_factory.mktemp(f"n{n}")
+        budget = OwnerBudget(str(out / "owner-1.sqlite"), cap, 1e-5, 10)
+        gate = OwnerGate("owner-1", BudgetGate(budget, "this", tuple(plan), block_records=10))
+        spent = list(range(5, (n - 1) // 10 + 1))  # the blocks holding records 50 and up
+        assert gate.store.charge_blocks("earlier", "earlier", [*plan, *plan], spent) == spent
+        owners = _owners(sized)
+        parties = [_GatedOwner(owners[0], gate), *owners[1:]]
+        gated = {"parties": parties, "gates": {"owner-1": gate}}
+        payload = _payload(sized, scenario.validation, params, gated, releases=scenario)
+        reports = write_outputs(out, run, payload, 1e-5, (), timings, None)
+        runs.append((out, reports, gate.view()["retired"]))
+    return runs
+
+
+def test_public_report_does_not_depend_on_an_owners_record_count(
+    two_sizes: list[tuple[Path, Reports, list[int]]],
+) -> None:
+    """Issue 24: the same releases, owner-1 with 51 or 63 records (6 or 7 blocks of 10, one or
+    two of them retired): report.json is byte-identical; the counts are the consumer's."""
+    (out_a, a, retired_a), (out_b, b, retired_b) = two_sizes
+    assert (retired_a, retired_b) == ([5], [5, 6])  # the gates did differ
+    assert (out_a / PUBLIC_REPORT).read_bytes() == (out_b / PUBLIC_REPORT).read_bytes()
+    assert a.public["budgets"]["owners"]["owner-1"] == {
+        "status": "ok", "cap": a.public["budgets"]["owners"]["owner-1"]["cap"], "delta": 1e-5,
+        "curator": a.public["budgets"]["owners"]["owner-1"]["curator"], "blocks": True,
+    }  # fmt: skip
+    assert a.public["budgets"]["errors"] == []
+    assert [r["owners"]["owner-1"]["records"] for r in (a.consumer, b.consumer)] == [51, 63]
+    assert [r["budgets"]["owners"]["owner-1"]["retired"] for r in (a.consumer, b.consumer)] == [
+        [5], [5, 6]
+    ]  # fmt: skip
+    assert a.consumer["parsimony"]["distinct_points"] > 8  # exploration bought more than p

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zlib
 from pathlib import Path
 
 import msgpack
@@ -27,10 +28,10 @@ from dpmarket.protocol.summary.plan import plan_releases
 from dpmarket.protocol.summary.selection import (
     PoolEntry,
     PurchasedPool,
-    exploration_generator,
     prefix_gains,
 )
 from dpmarket.protocol.wire.codec import Message, decode, encode
+from dpmarket.protocol.wire.errors import LocalProtocolError
 from dpmarket.streams.synthetic import Scenario
 from tests.small import small_curator, small_params, small_scenario
 
@@ -48,9 +49,10 @@ def _select(scenario: Scenario, **kw: object) -> CuratorParams:
 
 
 def _owners(scenario: Scenario) -> list[Owner]:
-    return [
-        Owner(n, RUN, X, y) for n, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
-    ]
+    """The scenario's owners, each with its secret generator (fixed seeds: a test)."""
+    pairs = zip(scenario.owner_names, scenario.owners, strict=True)
+    return [Owner(n, RUN, X, y, rng=np.random.default_rng([7, i])) for i, (n, (X, y)) in
+            enumerate(pairs)]  # fmt: skip
 
 
 def _drive(curator: Curator, owners: list[Owner], seen: list[Message] | None = None) -> None:
@@ -115,13 +117,73 @@ def test_prefix_gains_are_the_marginal_gains_of_eq_3() -> None:
 
 
 # ----------------------------------------------------------------------- exploration
-def test_exploration_generator_is_public_and_deterministic() -> None:
-    a = exploration_generator(3, 5, "owner-1").integers(1 << 30, size=4)
-    np.testing.assert_array_equal(
-        a, exploration_generator(3, 5, "owner-1").integers(1 << 30, size=4)
-    )
-    for other in ((3, 6, "owner-1"), (3, 5, "owner-2"), (4, 5, "owner-1")):
-        assert not np.array_equal(a, exploration_generator(*other).integers(1 << 30, size=4))
+def _explorer(n: int, rng: np.random.Generator) -> tuple[Owner, int]:
+    """Owner "owner-1" holding the first ``n`` records of a fixed data set, set up by a curator
+    (same public values for every n); returns it and h1's public seed."""
+    scenario = small_scenario(2, n_points=160)
+    X, y = scenario.owners[0]
+    owner = Owner("owner-1", RUN, X[:n], y[:n], rng=rng)
+    curator = small_curator(RUN, scenario, small_params(scenario, d=16), 0)
+    for msg in curator.start():
+        if msg.recipient == "owner-1" and msg.kind != "summary.epoch":
+            owner.receive(decode(encode(msg)))
+    assert owner._setup is not None
+    return owner, owner._setup.h1_seed
+
+
+def _explore(owner: Owner, epochs: range) -> list[int]:
+    """The tokens the curator receives from ``owner`` in exploration epochs ``epochs``."""
+    tokens = []
+    for epoch in epochs:
+        body = EpochBody(np.linspace(-1, 1, 16), 0, explore=True)
+        [bid] = owner.receive(Message(RUN, epoch, "curator", owner.name, epoch, body))
+        tokens.append(bid.body.token)
+    return tokens
+
+
+def _public_draw(h1_seed: int, epoch: int, owner: str) -> np.random.Generator:
+    """How exploration was drawn before issue 24: from public values only."""
+    return np.random.default_rng([h1_seed & (2**63 - 1), epoch, zlib.crc32(owner.encode())])
+
+
+def test_exploration_tokens_do_not_give_the_curator_an_owners_count() -> None:
+    """The curator's exact-count attack: knowing the public seeds, try every count k and keep
+    those whose public draws match the received tokens. Against a public draw it finds the
+    owner's n exactly; against the owner's secret draws no k fits, for 51 or 63 records with
+    everything else the same (selection.py's docstring: what the tokens still bound)."""
+    epochs = range(1, 13)
+
+    def counts_fitting(tokens: list[int], h1_seed: int) -> set[int]:
+        return {
+            k for k in range(1, 400)
+            if all(int(_public_draw(h1_seed, e, "owner-1").choice(k)) == t
+                   for e, t in zip(epochs, tokens, strict=True))
+        }  # fmt: skip
+
+    for n in (51, 63):
+        owner, h1_seed = _explorer(n, np.random.default_rng(5))
+        public = [int(_public_draw(h1_seed, e, "owner-1").choice(n)) for e in epochs]
+        assert counts_fitting(public, h1_seed) == {n}  # the attack works on a public draw
+        tokens = _explore(owner, epochs)
+        assert all(0 <= t < n for t in tokens)
+        assert counts_fitting(tokens, h1_seed) == set()
+
+
+def test_exploration_draws_are_secret_reproducible_and_kept_for_a_resumed_epoch() -> None:
+    """Same records and public values, other secret generator: other tokens. Same generator
+    seed: the same tokens (a test's seed in, the same output out). An epoch sent again (a
+    curator's resume) gets the draw the party already made."""
+    a = _explore(_explorer(63, np.random.default_rng(1))[0], range(1, 9))
+    assert a == _explore(_explorer(63, np.random.default_rng(1))[0], range(1, 9))
+    assert a != _explore(_explorer(63, np.random.default_rng(2))[0], range(1, 9))
+    owner, _ = _explorer(63, np.random.default_rng(3))
+    first = _explore(owner, range(1, 4))
+    assert _explore(owner, range(1, 4)) == first  # the same party
+    again, _ = _explorer(63, np.random.default_rng(3))  # a party restarted with the same key
+    assert _explore(again, range(3, 4)) == first[2:]
+    silent, _ = _explorer(63, None)  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError, match="no secret generator"):
+        _explore(silent, range(1, 2))
 
 
 def test_exploration_draws_are_uniform_over_an_owners_records() -> None:
@@ -129,7 +191,7 @@ def test_exploration_draws_are_uniform_over_an_owners_records() -> None:
     a draw that preferred high-scoring records would fail it by far."""
     scenario = small_scenario(2, n_points=80)
     X, y = scenario.owners[0][0][:20], scenario.owners[0][1][:20]
-    owner = Owner("owner-1", RUN, X, y)
+    owner = Owner("owner-1", RUN, X, y, rng=np.random.default_rng(1))
     params = small_params(scenario, d=16)
     curator = small_curator(RUN, scenario, params, 0)
     for msg in curator.start():
