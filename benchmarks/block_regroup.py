@@ -7,8 +7,9 @@ made a full purchase from records that had paid (real per-record loss 1.57-1.94 
 while ``dpmarket budget`` showed 1.115). After it, every record keeps the block the store gave
 it, so those runs read nothing that has paid; the run without blocks is refused (exit 2).
 
-For each run: its exit code, the distinct points the curator bought (report.json's
-``parsimony.distinct_points``), report.json's ``budgets.errors`` count, and, from the stores
+For each run: its exit code, the distinct points the curator bought (report.private.json's
+``parsimony.distinct_points``: a count that depends on the data, so the consumer's),
+report.json's ``budgets.errors`` count, and, from the stores
 alone, the largest loss of any record (the filter over the whole-store charges and its
 block's, ``dpmarket budget``'s figure) against the cap.
 
@@ -45,13 +46,14 @@ def run(ledgers: Path, out: Path, block_records: int) -> dict[str, object]:
         text=True,
         check=False,
     )
-    report = out / "report.json"
-    public = json.loads(report.read_text()) if report.is_file() and done.returncode == 0 else {}
+    ok = done.returncode == 0 and (out / "report.json").is_file()
+    public = json.loads((out / "report.json").read_text()) if ok else {}
+    private = json.loads((out / "report.private.json").read_text()) if ok else {}
     owners = budget_summary(ledgers)["owners"] if ledgers.is_dir() else {}
     return {
         "block_records": block_records,
         "exit": done.returncode,
-        "distinct_points": public.get("parsimony", {}).get("distinct_points"),
+        "distinct_points": private.get("parsimony", {}).get("distinct_points"),
         "budget_errors": len((public.get("budgets") or {}).get("errors", [])) if public else None,
         "max_record_loss": max((o["spent"] for o in owners.values()), default=0.0),
         "message": done.stderr.strip().splitlines()[-1] if done.returncode else "",
