@@ -7,6 +7,10 @@ the relay learns nothing from them. The hub passes one clock to the aggregator a
 so the round's deadlines mean the same everywhere.
 
 Phases of a market run built on it (the ``[privacy]`` budgets of the config):
+Every round is charged under the run's one neighbouring relation (the round plan's, set from
+``CuratorParams.neighbouring`` in actors/phases.py ``prepare_secure``; replace-one by default,
+the owners' counts being public): the spec carries it and every ledger records it.
+
 - normalise: each owner sends its clipped per-feature sums, sums of squares and count; the
   released pool count, means and spreads go into the public report.json (actors/report.py) and,
   with ``standardize`` on, reach the owners as h1's center and scale in the summary's setup frame.
@@ -24,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
+from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.securesum.aggregator import Aggregator
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundResult, RoundSpec
 from dpmarket.protocol.summary.snr import moments_sensitivity  # one formula, also pre-run
@@ -147,14 +151,17 @@ class DcaHub:
         return result
 
 
-def record_for_owners(ledgers: dict[str, PrivacyLedger], result: RoundResult, label: str) -> None:
-    """Charge a released round to every owner's ledger (record-level add/remove)."""
+def record_for_owners(
+    ledgers: dict[str, PrivacyLedger], result: RoundResult, label: str, neighbouring: str
+) -> None:
+    """Charge a released round to every owner's ledger: one Gaussian event at the round's sigma
+    and L2 sensitivity under ``neighbouring``, the relation of the round's spec (the plan's)."""
     if result.value is None or result.sigma_std <= 0:
         return
     for party, ledger in ledgers.items():
         if party != "validation":
             ledger.gaussian(
-                result.sigma_std, result.sensitivity, label=label, neighbouring=ADD_REMOVE
+                result.sigma_std, result.sensitivity, label=label, neighbouring=neighbouring
             )
 
 
@@ -164,13 +171,18 @@ def coverage(release: npt.NDArray[np.float64], total: float) -> float:
 
 
 def charge_at_floor(
-    ledgers: dict[str, PrivacyLedger], sigma: float, sensitivity: float, label: str
+    ledgers: dict[str, PrivacyLedger],
+    sigma: float,
+    sensitivity: float,
+    label: str,
+    neighbouring: str,
 ) -> None:
     """Charge a round whose release may have happened but was never journaled (a crash after
-    it opened): one Gaussian event per owner at the plan's sigma floor for its label."""
+    it opened): one Gaussian event per owner at the plan's sigma floor for its label, under
+    the plan's relation ``neighbouring``."""
     for party, ledger in ledgers.items():
         if party != "validation":
-            ledger.gaussian(sigma, sensitivity, label=label, neighbouring=ADD_REMOVE)
+            ledger.gaussian(sigma, sensitivity, label=label, neighbouring=neighbouring)
 
 
 def result_record(result: RoundResult) -> dict[str, Any]:

@@ -294,15 +294,6 @@ def market_outcome(
         timings["utility"] = time.perf_counter() - tick
     run = config.public_record() | {
         "noise": config.noise.describe(),
-        "neighbouring": {
-            "curator releases": (
-                "add/remove one record (the paper's accounting; m and q are public, so this "
-                "under-charges: simulation only)"
-                if config.overrides.get("neighbouring") == "add_remove"
-                else "replace one record: m and q are public, sensitivity 2 clip"
-            ),
-            "secure sums": "add/remove one record: counts are released only with noise",
-        },
         "validation_size": len(inputs.owners.validation),
         "ray": {"address": ray_info["address"]},
         "gamma": inputs.gamma,

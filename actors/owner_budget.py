@@ -4,11 +4,12 @@ The owner actor (actors/owner.py) holds one :class:`OwnerGate` per owner that ha
 (``[owners.NAME].ledger`` or ``[privacy].ledger_dir``). What the owner pays for, and when:
 
 - **a secure-sum round** (normalise, scan, each refresh): one Gaussian event at the round's
-  sigma and L2 sensitivity, under add/remove of one record, the event the curator's ledger
-  records for a released round. It is charged after the owner's share frames are built and
-  before they leave the actor (the hub sends what ``dca_contribute`` returns); release id
-  ``RUN:SESSION:ROUND`` (the session named by the operator's pinned node-key fingerprints,
-  fresh for every session). A round without noise (sigma 0) is declined.
+  sigma and L2 sensitivity, under the run's one neighbouring relation (replace one record by
+  default), the event the curator's ledger records for a released round. It is charged after
+  the owner's share frames are built and before they leave the actor (the hub sends what
+  ``dca_contribute`` returns); release id ``RUN:SESSION:ROUND`` (the session named by the
+  operator's pinned node-key fingerprints, fresh for every session). A round without noise
+  (sigma 0) is declined.
 - **the summary phase** (auction steps and summary releases of Algorithm 3): its whole planned
   upper bound (``planned_owner_ledger``: every steering epoch used), fixed by the operator
   before the run and handed over at construction, charged once before the owner answers its

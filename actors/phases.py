@@ -18,16 +18,19 @@ from typing import Any
 import numpy as np
 
 from dpmarket.actors.config import MarketConfig
-from dpmarket.actors.dca import moments_sensitivity
 from dpmarket.actors.dcaowner import OperatorTrust
 from dpmarket.actors.faults import FaultPlan
 from dpmarket.actors.runner import OwnerInputs, RayMarket, actor_options, unique_actors
 from dpmarket.actors.securephase_journal import journaled_summary, secure_resumable
-from dpmarket.protocol.privacy.ledger import ADD_REMOVE
+from dpmarket.protocol.privacy.ledger import record_relation
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig
 from dpmarket.protocol.summary.params import CuratorParams
-from dpmarket.protocol.summary.snr import standardisation_verdict
+from dpmarket.protocol.summary.snr import (
+    moments_sensitivity,
+    sketch_sensitivity,
+    standardisation_verdict,
+)
 from dpmarket.streams.synthetic import median_heuristic_gamma
 
 __all__ = [
@@ -70,7 +73,15 @@ def prepare_secure(
     spawned (never through the curator, which relays the keys), with the round plan
     (protocol/securesum/plan.py: normalise and scan once each, at most one refresh per
     ``refresh_every`` epochs of the longest run ``params`` allows, each at its calibrated
-    sigma or more) and the simulated colluders' behaviour (``[faults].colluders``)."""
+    sigma or more) and the simulated colluders' behaviour (``[faults].colluders``).
+
+    Relation: every round is planned under the run's one relation, ``params.neighbouring``
+    (protocol/summary/releases.py), the one the summary releases, allocate-select and the
+    auction are charged under: the L2 sensitivities are protocol/summary/snr.py's
+    ``moments_sensitivity`` and ``sketch_sensitivity`` for it, sigma is calibrated to each
+    round's (eps, delta) at that sensitivity (so the per-round epsilon is as configured), and
+    the plan's relation is what the owners' and nodes' checks compare and what every ledger
+    (the curator's, the owners' stores) records for a round."""
     from dpmarket.protocol.securesum.driver import _auto_frac_bits
     from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
 
@@ -83,13 +94,15 @@ def prepare_secure(
     n_max = float(config.data.get("n_points", 1_000_000))
     value_bound = n_max * max(1.0, bound, bound**2)
     rows, width = secure["rows"], secure["width"]
-    delta = config.delta
+    delta, relation = config.delta, params.neighbouring
+    sens_moments = moments_sensitivity(k, bound, neighbouring=relation)
+    sens_sketch = sketch_sensitivity(int(rows), neighbouring=relation)
     frac = min(
         _auto_frac_bits(len(owners), d, eps, delta, sens, value_bound, config.tolerance, "analytic")
         for d, eps, sens in (
-            (2 * k + 1, secure["eps_normalise"], moments_sensitivity(k, bound)),
-            (rows * width, secure["eps_scan"], float(np.sqrt(rows))),
-            (rows * width, secure["eps_refresh"], float(np.sqrt(rows))),
+            (2 * k + 1, secure["eps_normalise"], sens_moments),
+            (rows * width, secure["eps_scan"], sens_sketch),
+            (rows * width, secure["eps_refresh"], sens_sketch),
         )
     )
     nodes = tuple(f"compute-{i + 1}" for i in range(config.compute_nodes))
@@ -117,13 +130,13 @@ def prepare_secure(
     epochs = params.epoch_limit + params.explore_epochs(len(owners))
     every = int(secure["refresh_every"])
     refreshes = epochs // every + 1 if every > 0 else 0
-    d_sketch, sens_sketch = int(rows * width), float(np.sqrt(rows))
+    d_sketch = int(rows * width)
     planned: dict[str, tuple[str, int, float, float, int, dict[str, Any]]] = {
         "normalise": (
             "moments",
             2 * k + 1,
             float(secure["eps_normalise"]),
-            moments_sensitivity(k, bound),
+            sens_moments,
             1,
             {"bound": bound},
         ),
@@ -136,7 +149,7 @@ def prepare_secure(
         dca,
         delta,
         planned,
-        neighbouring=ADD_REMOVE,
+        neighbouring=record_relation(relation),
         per_round={"refresh": ("base_rounds",)},  # which records a delta covers
     )
     plan = {
@@ -146,6 +159,7 @@ def prepare_secure(
         "refresh_every": every,
         "timeout": max(2.0, config.deadline_seconds),
         "sketch": sketch,
+        "neighbouring": record_relation(relation),  # every round's, as the plan's
     }
     behaviours = {o: "withhold" for o in config.faults.colluders}  # a simulated fault
     return SecurePrep(dca, node_keys, OperatorTrust(dca, pins, rounds, behaviours), plan)

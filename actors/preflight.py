@@ -8,7 +8,6 @@ the pure checks of protocol/summary/snr.py. Nothing here is released or charged;
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import numpy as np
 
 from dpmarket.actors.config import MarketConfig
 from dpmarket.actors.runner import OwnerInputs
-from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.privacy.ledger import PrivacyLedger, record_relation
 from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.protocol.summary.snr import (
     STANDARDIZE_MIN_SNR,
@@ -27,6 +26,7 @@ from dpmarket.protocol.summary.snr import (
     owners_total,
     scan_check,
     scan_sigma,
+    sketch_sensitivity,
     unbounded_reason,
     validation_check,
 )
@@ -84,12 +84,20 @@ def plan_run(
     if secure["enabled"]:
         k, rows = int(inputs.validation.shape[1]), int(secure["rows"])
         bound = float(config.data.get("bound", 10.0))
-        normalise = normalise_check(k, bound, secure["eps_normalise"], delta, records)
+        rel = params.neighbouring  # the run's one relation, as actors/phases.py plans the rounds
+        normalise = normalise_check(
+            k, bound, secure["eps_normalise"], delta, records, neighbouring=rel
+        )
         sigma = normalise.noise or 0.0
         checks.append(normalise)
-        checks.append(scan_check(rows, secure["width"], secure["eps_scan"], delta, records))
-        gaussians.append((sigma, moments_sensitivity(k, bound), 1))
-        gaussians.append((scan_sigma(rows, secure["eps_scan"], delta), math.sqrt(rows), 1))
+        scan = scan_check(
+            rows, secure["width"], secure["eps_scan"], delta, records, neighbouring=rel
+        )
+        checks.append(scan)
+        sens_sketch = sketch_sensitivity(rows, neighbouring=rel)
+        gaussians.append((sigma, moments_sensitivity(k, bound, neighbouring=rel), 1))
+        gaussians.append((scan_sigma(rows, secure["eps_scan"], delta, neighbouring=rel),
+                          sens_sketch, 1))  # fmt: skip
         if secure["standardize"] and records < STANDARDIZE_MIN_SNR * sigma:
             warnings.append(
                 f"standardisation will likely be skipped: about {records:.0f} records against "
@@ -99,9 +107,10 @@ def plan_run(
         every = int(secure["refresh_every"])
         refreshes = params.epoch_limit // every if every else 0
         if refreshes:
-            refresh = (scan_sigma(rows, secure["eps_refresh"], delta), math.sqrt(rows), refreshes)
+            sigma_refresh = scan_sigma(rows, secure["eps_refresh"], delta, neighbouring=rel)
+            refresh = (sigma_refresh, sens_sketch, refreshes)
             ledger = PrivacyLedger("owner")
-            ledger.gaussian(*refresh[:2], count=refreshes)
+            ledger.gaussian(*refresh[:2], count=refreshes, neighbouring=record_relation(rel))
             what = f"one round every {every} epochs over the records added since"
             checks.append(
                 ReleaseCheck(

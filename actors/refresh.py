@@ -7,9 +7,12 @@ only the records it added since the last released round it was counted in. The r
 is added to the pool sketch (:meth:`RaceRelease.accumulate`; noise variances add, one Gaussian
 part per delta) and the coverage score is recomputed.
 
-Privacy: each delta is the Gaussian mechanism on a RACE counter vector (L2 sensitivity
-sqrt(R) under add/remove of one record, sigma from the round's (eps_refresh, delta) by the
-analytic calibration of the secure sum, Theorem 1 noise split across owners). Each record is
+Privacy: each delta is the Gaussian mechanism on a RACE counter vector under the run's one
+relation (the plan's: L2 sensitivity sqrt(2 R) under replace-one, the default, since a
+replaced record moves one counter down and one up per row within the one delta that holds its
+position; sqrt(R) under add/remove; protocol/summary/snr.py ``sketch_sensitivity``), sigma from
+the round's (eps_refresh, delta) at that sensitivity by the analytic calibration of the secure
+sum, Theorem 1 noise split across owners). Each record is
 in exactly one released delta, so by parallel composition a record pays for one release; the
 ledger is charged more than that, conservatively: every released delta is recorded as one more
 Gaussian event on every owner's ledger (label ``scan refresh (secure sum)``). A round that
@@ -87,7 +90,8 @@ class PoolRefresher:
         spec = rounds.spec("refresh", round_id)  # at the plan's floor: (eps_refresh, delta)
         options = rounds.options("refresh") | {"base_rounds": dict(self.base)}
         opened = {"state": "opened", "epoch": epoch, "round": round_id,
-                  "sigma": spec.sigma_std, "sensitivity": spec.sensitivity}  # fmt: skip
+                  "sigma": spec.sigma_std, "sensitivity": spec.sensitivity,
+                  "neighbouring": spec.neighbouring}  # fmt: skip
         self.journaled.append(opened)
         self._journal()  # before the round opens
         try:
@@ -96,7 +100,7 @@ class PoolRefresher:
             opened.update(state="failed", status="failed", reason=repr(exc))
             self._journal()
             raise
-        record_for_owners(ledgers, result, REFRESH_LABEL)  # nothing unless released
+        record_for_owners(ledgers, result, REFRESH_LABEL, spec.neighbouring)  # if released
         opened.update(state="released", status=result.status, result=result_record(result))
         self._journal()  # with the charges, before the pool sketch uses the delta
         entry: dict[str, Any] = {"epoch": epoch, "round": round_id, "status": result.status}

@@ -29,7 +29,9 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
   ``"inf"`` with a ``note`` where unbounded) and ``paper`` (as the paper counts it; ``"n/a"``
   where it counts none of the party's events), the events, and for each honest owner the guarantee
   against the simulated coalition of colluders: what each party was charged, computed from the
-  events (mechanism and parameters), not from data.
+  events (mechanism and parameters), not from data. ``neighbouring``: the one relation every
+  party's events were charged under (read from the events; null when nothing was charged),
+  stated once for the run (a public setting; a report whose ledgers mix relations is refused).
 - ``parsimony``: ``summary_size`` (the q every owner received last), ``validation_size`` (m),
   ``final_selection``, ``max_points`` (null: unbounded; the curator never receives more distinct
   points), ``allocation`` (allocate-select's public ``rule``, score ``ridge``,
@@ -215,9 +217,11 @@ def privacy_section(
     """Epsilon per protected party by each method; for honest owners also against the coalition
     of ``colluders`` (each colluder observes its own auction bit, so a coalition of c sees c
     auction steps per epoch; the broadcast releases are the same for all and count once)."""
-    out: dict[str, Any] = {"delta": delta, "parties": {}}
+    out: dict[str, Any] = {"delta": delta, "neighbouring": None, "parties": {}}
+    relations: set[str] = set()
     for party, raw in sorted(ledgers.items()):
         ledger = PrivacyLedger.from_dict(raw)
+        relations.update(ledger.relations())
         entry = party_epsilons(ledger, delta) | {"events": raw}
         if colluders and party not in colluders and party != "validation":
             pooled = PrivacyLedger(party)
@@ -227,6 +231,9 @@ def privacy_section(
                     pooled.record(event)
             entry["against_colluders"] = epsilon_value(pooled.epsilon(delta, "pld"))
         out["parties"][party] = entry
+    if len(relations) > 1:
+        raise ValueError(f"privacy: the parties' events mix relations {sorted(relations)}")
+    out["neighbouring"] = relations.pop() if relations else None
     return out
 
 

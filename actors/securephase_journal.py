@@ -72,13 +72,16 @@ LABELS = {"normalise": "normalise (secure sum)", "scan": "scan (secure sum)"}
 
 def charge_lost_refreshes(record: dict[str, Any], ledgers: dict[str, PrivacyLedger]) -> int:
     """On restore: charge each refresh round journaled ``opened`` but never ``released``
-    (actors/refresh.py) once, at the sigma floor and sensitivity its ``opened`` entry names (the
-    plan's for "refresh"), and mark it ``charged`` so it is never charged or run again. The
-    caller journals the snapshot. Returns how many rounds were charged."""
+    (actors/refresh.py) once, at the sigma floor, sensitivity and relation its ``opened`` entry
+    names (the plan's for "refresh"; a journal from before entries named their relation opened
+    its rounds under add/remove), and mark it ``charged`` so it is never charged or run again.
+    The caller journals the snapshot. Returns how many rounds were charged."""
     charged = 0
     for entry in record.get("refreshes") or []:
         if entry["state"] == "opened":
-            charge_at_floor(ledgers, entry["sigma"], entry["sensitivity"], REFRESH_LABEL)
+            relation = str(entry.get("neighbouring", ADD_REMOVE))
+            sigma, sens = entry["sigma"], entry["sensitivity"]
+            charge_at_floor(ledgers, sigma, sens, REFRESH_LABEL, relation)
             entry["state"], entry["status"] = "charged", "lost"
             charged += 1
     return charged
@@ -117,8 +120,11 @@ def moments_summary(result: RoundResult, k: int) -> dict[str, Any]:
     }
 
 
-def pool_release(result: RoundResult, sk: dict[str, Any], n_features: int) -> RaceRelease:
-    """The released sketch counters of a secure-sum round as a RACE release with its cost."""
+def pool_release(
+    result: RoundResult, sk: dict[str, Any], n_features: int, neighbouring: str
+) -> RaceRelease:
+    """The released sketch counters of a secure-sum round as a RACE release with its cost
+    (``neighbouring``: the round's relation, the plan's)."""
     assert result.value is not None
     family = make_family(
         sk["family"], n_features, int(sk["rows"]), int(sk["seed"]),
@@ -126,7 +132,7 @@ def pool_release(result: RoundResult, sk: dict[str, Any], n_features: int) -> Ra
     )  # fmt: skip
     template = RaceSketch(family, int(sk["width"]))
     statement = PrivacyStatement(
-        "gaussian", (result.sigma_std,), result.sensitivity, ADD_REMOVE, None, 0.0
+        "gaussian", (result.sigma_std,), result.sensitivity, neighbouring, None, 0.0
     )
     return RaceRelease.from_counter_vector(template, result.value, statement)
 
@@ -188,7 +194,9 @@ async def _journaled_round(
         reason = "opened before a crash, its result never journaled: charged, not run again"
         lost = RoundResult(number, "lost", reason, None, None, (), (), spec.sigma_std,
                            spec.sensitivity)  # fmt: skip
-        charge_at_floor(host.ledgers, spec.sigma_std, spec.sensitivity, LABELS[name])
+        charge_at_floor(
+            host.ledgers, spec.sigma_std, spec.sensitivity, LABELS[name], spec.neighbouring
+        )
         entries[name] = {"state": "charged", "result": result_record(lost)}
         host.journal()
         return lost
@@ -199,7 +207,7 @@ async def _journaled_round(
     entries[name] = {"state": "opened"}
     host.journal()
     result = await hub.round(spec, what, options, timeout)
-    record_for_owners(host.ledgers, result, LABELS[name])
+    record_for_owners(host.ledgers, result, LABELS[name], spec.neighbouring)
     entries[name] = {"state": "released", "result": result_record(result)}
     host.journal()  # before anything uses the value
     return result
@@ -244,7 +252,8 @@ async def run_secure_phases(
     if (refused := host.refuse(counters, "secure sum: scan")) is not None:
         return out | {"refused": refused}
     n = host.validation.shape[1]
-    pool = pool_release(counters, sk, n) if counters.value is not None else None
+    relation = rounds.rounds["scan"].neighbouring
+    pool = pool_release(counters, sk, n, relation) if counters.value is not None else None
     out["scan"] = scan_summary(counters, pool, host.validation, out["normalise"])
     if int(plan.get("refresh_every", 0)) > 0:
         host.refresher = PoolRefresher(
@@ -252,7 +261,7 @@ async def run_secure_phases(
             plan,
             pool,
             counters,
-            lambda result: pool_release(result, sk, n),
+            lambda result: pool_release(result, sk, n, relation),
             lambda release, total: coverage_of(release, host.validation, total),
             record=host.record,
             journal=host.journal,

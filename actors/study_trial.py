@@ -173,7 +173,7 @@ def _secure_phases(
             curator.refuse_round(f"secure sum: {label}", result.reason, list(result.missing))
             out.refused, out.missing = (label, result.reason), sorted(absent)
             return out
-        record_for_owners(curator.ledgers, result, LABELS[label])
+        record_for_owners(curator.ledgers, result, LABELS[label], spec.neighbouring)
         if label == "normalise":
             _standardize(config, scenario, curator, result)
     out.missing = sorted(absent)

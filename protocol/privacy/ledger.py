@@ -16,6 +16,15 @@ events and re-accounts them by three methods:
 The paper under-counts (PAPER-NOTES, Summarization item 3): one h2 iteration is an exponential
 mechanism (2*eps-DP for the form used) plus a Laplace step (eps-DP), and the private auction
 (Algorithm 3) is not pure-DP and is missing from the totals. The ledger counts what runs.
+
+One relation per party (issue 24). Composition adds privacy losses measured against the *same*
+pair of neighbouring data sets: an event charged under add/remove of one record and one charged
+under replace-one do not compose into a guarantee against either relation (replace-one is two
+add/remove steps, so an add/remove epsilon bounds a replace-one loss only after doubling; and a
+release that is exact under one relation, e.g. a record count under replace-one, is unbounded
+under the other). A :class:`PrivacyLedger` therefore refuses (``ValueError`` naming both) an
+event whose ``neighbouring`` differs from the relation of the events it already holds;
+:meth:`PrivacyLedger.relations` lists the relations a ledger holds (at most one).
 """
 
 from __future__ import annotations
@@ -37,13 +46,16 @@ from dpmarket.protocol.privacy.composition import (
 )
 
 __all__ = [
+    "ADD_REMOVE",
     "AUCTION_VARIANTS",
     "MECHANISMS",
     "METHODS",
+    "RELATIONS",
     "REPLACE_ONE_RECORD",
     "EventMeta",
     "MechanismEvent",
     "PrivacyLedger",
+    "record_relation",
 ]
 
 MECHANISMS = ("laplace", "gaussian", "exponential", "auction", "approx_dp")
@@ -51,6 +63,8 @@ METHODS = ("pld", "theorem7", "paper")
 AUCTION_VARIANTS = ("paper", "pure")
 ADD_REMOVE = "add/remove one record"
 REPLACE_ONE_RECORD = "replace one record (the count is public)"
+RELATIONS = {"add_remove": ADD_REMOVE, "replace": REPLACE_ONE_RECORD}
+"""A run's configured relation (``CuratorParams.neighbouring``) -> the string its events carry."""
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "laplace": ("scale",),
     "gaussian": ("sigma",),
@@ -67,6 +81,14 @@ class EventMeta(TypedDict, total=False):
     label: str  # what was released, e.g. "h2(validation) Laplace step"
     neighbouring: str  # default "add/remove one record"
     paper_epsilon: float | None  # how the paper charges one occurrence; None: not counted
+
+
+def record_relation(neighbouring: str) -> str:
+    """The event relation of a run configured with ``neighbouring`` ("replace" or "add_remove");
+    ``ValueError`` for any other name."""
+    if neighbouring not in RELATIONS:
+        raise ValueError(f"neighbouring must be one of {sorted(RELATIONS)}, got {neighbouring!r}")
+    return RELATIONS[neighbouring]
 
 
 def _check_positive(value: float, name: str) -> None:
@@ -88,7 +110,8 @@ class MechanismEvent:
       sensitivity s: pure ``2 eps_score s``-DP (the h2 form of Algorithm 2, line 5); PLD: the
       worst-case pure-DP PLD. The paper does not count it (``paper_epsilon`` None).
     * auction: one owner's asked/not-asked bit in PRIVAUCTION (Algorithm 3); neighbouring data
-      move that owner's rank by one. ``variant="paper"``: ``(eps_auc, 1 - e^-eps_auc)``-DP
+      (one record added, removed or replaced: ``neighbouring`` names the run's record relation)
+      move that owner's rank by at most one. ``variant="paper"``: ``(eps_auc, 1 - e^-eps_auc)``-DP
       (the paper claims pure eps_auc); ``"pure"``: pure eps_auc-DP (asks scaled by
       ``1/(1 + e^-eps_auc)``). PLD: worst-case (eps, delta) PLD.
     * approx_dp: a generic ``(epsilon, delta)``-DP mechanism; PLD: worst-case (eps, delta) PLD.
@@ -214,6 +237,8 @@ class PrivacyLedger:
 
     Events are grouped: recording an event identical to an earlier one except for ``count``
     adds the counts. :meth:`epsilon` re-accounts the whole ledger by any of :data:`METHODS`.
+    Every event of one ledger has the same ``neighbouring`` relation (module docstring): an
+    event under another relation is refused and the ledger is left untouched.
     """
 
     def __init__(
@@ -236,6 +261,11 @@ class PrivacyLedger:
         """Grouped events in first-recorded order."""
         return tuple(self._events.values())
 
+    def relations(self) -> tuple[str, ...]:
+        """The neighbouring relations of the ledger's events, in first-recorded order: at most
+        one (:meth:`record` refuses a second); empty for an empty ledger."""
+        return tuple(dict.fromkeys(e.neighbouring for e in self._events.values()))
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PrivacyLedger):
             return NotImplemented
@@ -245,6 +275,13 @@ class PrivacyLedger:
         """Add ``event`` (grouping with an identical one); returns the stored group."""
         if not isinstance(event, MechanismEvent):
             raise ValueError(f"event must be a MechanismEvent, got {type(event).__name__}")
+        held = self.relations()
+        if held and event.neighbouring != held[0]:
+            raise ValueError(
+                f"ledger {self.party!r}: event {event.label or event.mechanism!r} is charged "
+                f"under {event.neighbouring!r}, the ledger's events under {held[0]!r}; one "
+                "party's releases compose only under one neighbouring relation"
+            )
         key = event.group_key()
         previous = self._events.get(key)
         grouped = (
@@ -281,8 +318,8 @@ class PrivacyLedger:
     def auction(
         self, eps_auc: float, variant: str, count: int = 1, **meta: Unpack[EventMeta]
     ) -> MechanismEvent:
-        """Record ``count`` PRIVAUCTION steps seen by one owner (see :class:`MechanismEvent`)."""
-        meta.setdefault("neighbouring", "own rank moves by one")
+        """Record ``count`` PRIVAUCTION steps seen by one owner (see :class:`MechanismEvent`);
+        ``neighbouring`` is the run's record relation (a neighbour moves the rank by <= 1)."""
         params = (("eps_auc", eps_auc),)
         return self.record(MechanismEvent("auction", params, 1.0, count, variant=variant, **meta))
 

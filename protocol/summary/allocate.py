@@ -23,7 +23,10 @@ enforces the budget):
    final selection (protocol/summary/selection.py) then keeps p of the purchased points.
 
 Privacy (what the ledger charges; neighbouring relation: replace one record of the owner, so
-n_i is fixed and sending it reveals nothing under that relation):
+n_i is fixed and sending it reveals nothing under that relation; the run's one relation, so
+every other release of the run, the secure sums included, is charged under it too. Under
+``neighbouring = "add_remove"`` the exact n_i would be an unbounded release: CuratorParams
+refuses allocate-select with it):
 * The profile: a mean of ``n_i`` vectors of norm <= r has L2 sensitivity ``2 r / n_i`` (the
   projection is a contraction and the clip bounds each vector); the noise is ``z`` times that,
   so the release is the Gaussian mechanism with noise multiplier z. Charged once to that
@@ -63,7 +66,7 @@ from dpmarket.protocol.summary.auction import TransferCounter
 from dpmarket.protocol.summary.messages import EpochBody
 from dpmarket.protocol.summary.params import CuratorParams
 from dpmarket.protocol.summary.plan import gaussian_noise_multiplier
-from dpmarket.protocol.summary.releases import validation_frame
+from dpmarket.protocol.summary.releases import relation, validation_frame
 from dpmarket.protocol.summary.selection import PurchasedPool
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 
@@ -367,7 +370,7 @@ class AllocationCycle:
                 p.allocation_sigma,
                 1.0,
                 label=label,
-                neighbouring="replace one record of this owner",
+                neighbouring=relation(p),  # replace-one: allocate-select refuses add_remove
             )
         budget = p.max_points if p.max_points is not None else math.ceil(1.5 * p.p)  # checked
         if histogram:

@@ -11,15 +11,17 @@ Privacy (what the ledger charges, per protected party; delta and neighbouring as
 - ``validation``: one h2 release of mean h1 over D_v, ``validation_iterations`` MWEM steps at
   ``eps_validation``; each step = exponential mechanism on a sensitivity-1 score sampled with
   probability proportional to exp(eps psi) (charged 2 eps, pure) + Laplace(1/eps) (eps, pure).
-  Neighbouring: add/remove one validation point; m = |D_v| is public.
+  Neighbouring: the run's relation (below); m = |D_v| is public.
 - ``owner-k`` (owner k's data as seen by any single other owner): every h2 release of the summary
   sum (``summary_iterations`` steps at ``eps_summary`` each, charged as above; the first epoch's
   release covers only the public seed set and costs nothing), and one auction step per epoch in
-  which owners bid (``AuctionEvent`` of the chosen variant). Neighbouring as in the paper's
-  Theorem 6: the summary differs in one point (add/remove), so quantised coordinate sums have
-  sensitivity 1; q is public. ``neighbouring="replace"`` charges sensitivity 2 instead (two
-  fixed-size summaries that differ by one substituted point), for both parties. An epoch that
-  adds nothing re-sends the previous release unchanged (no charge).
+  which owners bid (``AuctionEvent`` of the chosen variant). Neighbouring: one relation for
+  every event of a run (``params.neighbouring``; protocol/summary/releases.py ``relation``),
+  the secure sums' and allocate-select's included. ``"replace"``, the default: two fixed-size
+  data sets that differ by one substituted point (m, q and the owners' n_i are public),
+  sensitivity 2 for the quantised coordinate sums. ``"add_remove"``: the paper's Theorem 6,
+  sensitivity 1, kept to reproduce the paper (refused where an exact count is sent). An epoch
+  that adds nothing re-sends the previous release unchanged (no charge).
 """
 
 from __future__ import annotations

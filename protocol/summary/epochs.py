@@ -41,6 +41,7 @@ from dpmarket.protocol.summary.messages import (
 )
 from dpmarket.protocol.summary.objective import hashed_bids
 from dpmarket.protocol.summary.params import CuratorParams
+from dpmarket.protocol.summary.releases import relation
 from dpmarket.protocol.summary.selection import PoolEntry, PurchasedPool
 from dpmarket.protocol.summary.state import Provenance, _Epoch
 from dpmarket.protocol.wire.codec import Message
@@ -180,7 +181,10 @@ class EpochCycle(AllocationCycle):
                 bids.append(AuctionBid(owner, b.token, b.bid, self._times_bid[key]))
             decision = run_auction(bids, p.eps_auction, p.tau, self._rng, variant=p.auction_variant)
             for owner in self.owners:
-                self.ledgers[owner].auction(p.eps_auction, p.auction_variant, label="auction step")
+                self.ledgers[owner].auction(
+                    p.eps_auction, p.auction_variant, label="auction step",
+                    neighbouring=relation(p),  # the run's record relation
+                )  # fmt: skip
             ep.asked, ep.decided, self.checkpoint_due = set(decision.asked), True, True
         # a resumed epoch reuses its auction; owners that no longer bid are not asked again
         ep.asked &= set(ep.bids) | ep.answered

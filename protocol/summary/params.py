@@ -109,6 +109,9 @@ _RELATIONS = {
     "max_points, final_selection = 'exact' and explore_share = 0 (allocate = false keeps "
     "herding-select under max_points)",
     "scale": "center and scale must be given together, scale > 0",
+    "neighbouring": "'add_remove' refused with {self._exact_counts}: each sends an owner's exact "
+    "record count n_i to the curator, an unbounded release under add/remove of one record; "
+    "keep neighbouring = 'replace' (the default), or turn them off",
 }
 
 
@@ -238,6 +241,7 @@ class CuratorParams:
             ),
             "scale": (self.center is None) == (self.scale is None)
             and (self.scale is None or min(self.scale, default=1.0) > 0),
+            "neighbouring": self.neighbouring != "add_remove" or not self._exact_counts,
         }
         for name, ok in relations.items():
             if not ok:
@@ -259,8 +263,29 @@ class CuratorParams:
         ``validation_size``, the divisor of every released mean), so two neighbouring data sets
         have the same size and differ in one substituted record. 1 under ``"add_remove"`` (the
         paper's Theorems 2 and 6), which is honest only if the count itself is never released
-        exactly; kept selectable to reproduce the paper's accounting."""
+        exactly; kept selectable to reproduce the paper's accounting (and refused with the
+        settings that send an owner's exact count, ``_exact_counts``). ``neighbouring`` is the
+        run's one relation: the secure sums (actors/phases.py), allocate-select and the auction
+        are charged under it too, so no party's ledger mixes relations."""
         return 1.0 if self.neighbouring == "add_remove" else 2.0
+
+    @property
+    def _exact_counts(self) -> str:
+        """The settings that send an owner's exact record count n_i to the curator ("" if none).
+
+        allocate-select: the owner's histogram (or profile) goes with n_i (allocate.py,
+        allocate_rank.py). Exploration (explore_share > 0): the point an owner delivers is drawn
+        by a public generator (selection.py ``exploration_generator``) from its biddable
+        records, so the delivered token, with the public seed, tells n_i. Both are honest under
+        replace-one (n_i fixed by the relation) and refused under add/remove."""
+        found = []
+        if self.allocate:
+            found.append(
+                "allocate-select (allocate = true, or max_points without allocate = false)"
+            )
+        if self.explore_share > 0:
+            found.append(f"exploration (explore_share = {self.explore_share:g})")
+        return " and ".join(found)
 
     @property
     def profile_floor(self) -> float | None:

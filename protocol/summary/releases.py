@@ -45,7 +45,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from dpmarket.protocol.privacy.ledger import ADD_REMOVE, REPLACE_ONE_RECORD, PrivacyLedger
+from dpmarket.protocol.privacy.ledger import PrivacyLedger, record_relation
 from dpmarket.protocol.summary.h2 import MwemHash
 from dpmarket.protocol.summary.params import (
     CANDIDATE_DISTRIBUTIONS,
@@ -85,8 +85,9 @@ def gaussian_delta(params: CuratorParams) -> float:
 
 
 def relation(params: CuratorParams) -> str:
-    """The neighbouring relation every event of these releases is charged under."""
-    return ADD_REMOVE if params.neighbouring == "add_remove" else REPLACE_ONE_RECORD
+    """The neighbouring relation every event of these releases is charged under: the run's one
+    relation, which the secure sums, allocate-select and the auction are charged under too."""
+    return record_relation(params.neighbouring)
 
 
 def validation_frame(params: CuratorParams, H_seed: npt.ArrayLike | None) -> tuple[F64, float]:

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from dpmarket.protocol.privacy.dgauss import gaussian_sigma
-from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.privacy.ledger import PrivacyLedger, record_relation
 from dpmarket.protocol.summary.params import CuratorParams
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "planned_validation_ledger",
     "scan_check",
     "scan_sigma",
+    "sketch_sensitivity",
     "standardisation_verdict",
     "unbounded_reason",
     "validation_check",
@@ -49,10 +50,55 @@ STANDARDIZE_MIN_SNR = 3.0
 is at least this many noise standard deviations (below, means and spreads are mostly noise)."""
 
 
-def moments_sensitivity(n_features: int, bound: float) -> float:
-    """L2 sensitivity of (sum x, sum x^2, count) under add/remove of one record clipped to
-    ``[-bound, bound]`` per feature: sqrt(k b^2 + k b^4 + 1)."""
-    return math.sqrt(n_features * bound**2 + n_features * bound**4 + 1.0)
+def _replace_moment_pair(bound: float) -> float:
+    """sup of ``(u - v)^2 + (u^2 - v^2)^2`` over u, v in [-b, b]: one feature's (sum, sum of
+    squares) moved by replacing one clipped value v with u.
+
+    With a = u - v, s = u + v the square is a^2 (1 + s^2) on |a| + |s| <= 2b, largest on the
+    edge |a| = 2b - |s|: g(s) = (2b - s)^2 (1 + s^2), s in [0, 2b], with
+    g'(s) = 2 (2b - s)(2bs - 2s^2 - 1). For b^2 <= 2 the last factor is never positive (its
+    maximum is b^2/2 - 1), so g decreases and the sup is g(0) = 4 b^2 (u = b, v = -b). For
+    b^2 > 2, g has a local maximum at s+ = (b + sqrt(b^2 - 2)) / 2 and the sup is
+    max(g(0), g(s+)) (for large b about b^2 + b^4, near u = b, v = 0)."""
+    b = float(bound)
+    best = 4.0 * b * b
+    if b * b > 2.0:
+        s = (b + math.sqrt(b * b - 2.0)) / 2.0
+        best = max(best, (2.0 * b - s) ** 2 * (1.0 + s * s))
+    return best
+
+
+def moments_sensitivity(n_features: int, bound: float, *, neighbouring: str) -> float:
+    """L2 sensitivity of one owner's normalise vector (sum x, sum x^2, count), features clipped
+    to ``[-bound, bound]`` (actors/dcaowner.py ``contribution``), under the run's relation.
+
+    ``"add_remove"``: one record adds (x, x^2, 1): sqrt(k b^2 + k b^4 + 1).
+    ``"replace"`` (the default relation of a run: an owner's count n_i is public): the count
+    does not move; each feature's pair (x, x^2) moves by (u - v, u^2 - v^2), and the features
+    of a record range over the box independently, so the exact sup is sqrt(k c(b)) with c(b)
+    from :func:`_replace_moment_pair` (4 b^2 for b <= sqrt 2, about b^2 + b^4 for large b:
+    the sums of squares move by at most b^2, not 2 b^2, since x^2 >= 0)."""
+    if neighbouring == "add_remove":
+        return math.sqrt(n_features * bound**2 + n_features * bound**4 + 1.0)
+    if neighbouring == "replace":
+        return math.sqrt(n_features * _replace_moment_pair(bound))
+    raise ValueError(f"neighbouring must be 'replace' or 'add_remove', got {neighbouring!r}")
+
+
+def sketch_sensitivity(rows: int, *, neighbouring: str) -> float:
+    """L2 sensitivity of one owner's RACE counter vector (R rows, records of weight 1; the scan
+    round and each refresh delta), under the run's relation.
+
+    ``"add_remove"``: one record moves one counter per row by 1: sqrt(R) (streams/race/sketch.py
+    ``l2_sensitivity``). ``"replace"``: in each row the old record's counter drops by 1 and the
+    new one's rises by 1 (nothing moves when both hash to the same counter), so sqrt(2) per row
+    and sqrt(2 R) over R rows. A refresh delta holds the records added since its base round; a
+    replaced record keeps its position, so it is in the same (one) delta: sqrt(2 R) as well."""
+    if neighbouring == "add_remove":
+        return math.sqrt(rows)
+    if neighbouring == "replace":
+        return math.sqrt(2.0 * rows)
+    raise ValueError(f"neighbouring must be 'replace' or 'add_remove', got {neighbouring!r}")
 
 
 @dataclass(frozen=True)
@@ -84,16 +130,17 @@ class ReleaseCheck:
 
 def planned_validation_ledger(params: CuratorParams) -> PrivacyLedger:
     """Every event the validation set's ledger is charged under ``params``: the one release
-    g_tilde (Gaussian on the clipped sum, or MWEM's exponential and Laplace steps)."""
+    g_tilde (Gaussian on the clipped sum, or MWEM's exponential and Laplace steps), under the
+    run's relation (``params.neighbouring``)."""
     ledger = PrivacyLedger("validation")
-    s = params.sensitivity
+    s, relation = params.sensitivity, record_relation(params.neighbouring)
     if params.validation_release == "gaussian":
         delta_l2 = params.clip_norm * s
-        ledger.gaussian(params.validation_sigma * delta_l2, delta_l2)
+        ledger.gaussian(params.validation_sigma * delta_l2, delta_l2, neighbouring=relation)
     else:
         eps, rounds = params.eps_validation, params.validation_iterations
-        ledger.exponential(eps, s, count=rounds)
-        ledger.laplace(1.0 / eps, s, count=rounds)
+        ledger.exponential(eps, s, count=rounds, neighbouring=relation)
+        ledger.laplace(1.0 / eps, s, count=rounds, neighbouring=relation)
     return ledger
 
 
@@ -120,54 +167,62 @@ def validation_check(params: CuratorParams, m: int, delta: float) -> ReleaseChec
 
 
 def normalise_check(
-    n_features: int, bound: float, eps: float, delta: float, records: float
+    n_features: int, bound: float, eps: float, delta: float, records: float, *, neighbouring: str
 ) -> ReleaseCheck:
     """The normalise secure sum (actors/dca.py): the pool's record count against its noise.
 
     sigma is calibrated as ``DcaConfig.spec`` does (analytic Gaussian at the moments'
-    sensitivity; the grid adds at most sqrt(2k+1) 2^-f to the sensitivity, negligible here).
+    sensitivity under the run's relation; the grid adds at most sqrt(2k+1) 2^-f to the
+    sensitivity, negligible here).
     """
-    sigma = gaussian_sigma(eps, delta, moments_sensitivity(n_features, bound))
+    sens = moments_sensitivity(n_features, bound, neighbouring=neighbouring)
+    sigma = gaussian_sigma(eps, delta, sens)
     what = f"records ~ {records:g} vs sigma of the DP count (bound {bound:g}, k = {n_features})"
     return ReleaseCheck("normalise", "each owner", records, sigma, eps, delta, what)
 
 
-def scan_check(rows: int, width: int, eps: float, delta: float, records: float) -> ReleaseCheck:
+def scan_check(
+    rows: int, width: int, eps: float, delta: float, records: float, *, neighbouring: str
+) -> ReleaseCheck:
     """The scan secure sum: a point at the pool's average density sees ``records / width``
     per counter, averaged over ``rows`` counters with independent noise sigma.
 
     Shown, not gated: the scan steers nothing (its coverage score goes to the consumer's report
     only) and that score also averages over the m validation points, so its noise is lower.
     """
-    sigma = gaussian_sigma(eps, delta, math.sqrt(rows))
+    sigma = scan_sigma(rows, eps, delta, neighbouring=neighbouring)
     signal, noise = records / width, sigma / math.sqrt(rows)
     what = f"mean counter {signal:.3g} vs sigma/sqrt(R) (R x W = {rows} x {width})"
     return ReleaseCheck("scan", "each owner", signal, noise, eps, delta, what, gate=False)
 
 
-def scan_sigma(rows: int, eps: float, delta: float) -> float:
-    """Noise sigma per counter of a scan or refresh round (L2 sensitivity sqrt(rows))."""
-    return gaussian_sigma(eps, delta, math.sqrt(rows))
+def scan_sigma(rows: int, eps: float, delta: float, *, neighbouring: str) -> float:
+    """Noise sigma per counter of a scan or refresh round (:func:`sketch_sensitivity`)."""
+    return gaussian_sigma(eps, delta, sketch_sensitivity(rows, neighbouring=neighbouring))
 
 
 def planned_owner_ledger(params: CuratorParams) -> PrivacyLedger:
     """Every event one owner's ledger is charged under ``params`` if the run uses all its
-    steering epochs (an upper bound: exploration epochs charge nothing)."""
+    steering epochs (an upper bound: exploration epochs charge nothing), all under the run's
+    relation (``params.neighbouring``): the owner's store is charged these events before the
+    summary phase (actors/budgets.py), beside the secure sums' under the same relation."""
     ledger = PrivacyLedger("owner")
+    relation = record_relation(params.neighbouring)
     if params.allocate:  # allocate-select's profile (allocate.py): sensitivity 1 in its units
-        ledger.gaussian(params.allocation_sigma, 1.0)
+        ledger.gaussian(params.allocation_sigma, 1.0, neighbouring=relation)
     epochs, s, p = params.epoch_limit, params.sensitivity, params.p
-    ledger.auction(params.eps_auction, params.auction_variant, count=epochs)
+    ledger.auction(params.eps_auction, params.auction_variant, count=epochs, neighbouring=relation)
     delta_l2 = params.clip_norm * s
     releases = max(1, p - 1)
+    sigma = params.summary_sigma * delta_l2
     if params.summary_release == "gaussian":
-        ledger.gaussian(params.summary_sigma * delta_l2, delta_l2, count=releases)
+        ledger.gaussian(sigma, delta_l2, count=releases, neighbouring=relation)
     elif params.summary_release == "tree":
-        ledger.gaussian(params.summary_sigma * delta_l2, delta_l2, count=releases.bit_length())
+        ledger.gaussian(sigma, delta_l2, count=releases.bit_length(), neighbouring=relation)
     elif params.summary_release == "mwem":
         count = params.summary_iterations * releases
-        ledger.exponential(params.eps_summary, s, count=count)
-        ledger.laplace(1.0 / params.eps_summary, s, count=count)
+        ledger.exponential(params.eps_summary, s, count=count, neighbouring=relation)
+        ledger.laplace(1.0 / params.eps_summary, s, count=count, neighbouring=relation)
     return ledger
 
 
@@ -185,11 +240,13 @@ def owners_total(
     params: CuratorParams, delta: float, gaussians: tuple[tuple[float, float, int], ...]
 ) -> ReleaseCheck:
     """Each owner's whole planned ledger: the auction and summary releases plus the secure
-    sums' Gaussian events ``(sigma, L2 sensitivity, count)`` (PLD composition)."""
+    sums' Gaussian events ``(sigma, L2 sensitivity, count)``, under the run's relation (PLD
+    composition)."""
     ledger = planned_owner_ledger(params)
+    relation = record_relation(params.neighbouring)
     for sigma, sensitivity, count in gaussians:
         if count:
-            ledger.gaussian(sigma, sensitivity, count=count)
+            ledger.gaussian(sigma, sensitivity, count=count, neighbouring=relation)
     what = "every release above composed (upper bound: all steering epochs used)"
     return ReleaseCheck("owner total", "each owner", None, None, ledger.epsilon(delta), delta, what)
 

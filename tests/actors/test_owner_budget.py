@@ -251,6 +251,7 @@ def test_consumer_pays_each_purchase_once_and_is_refused_beyond_its_cap(tmp_path
     report = budget_report(config, "run-1", {}, [], {"validation": curator.to_dict()})
     assert report is not None and report["errors"] == []
     assert report["owners"]["consumer"]["status"] == "ok"
-    curator.gaussian(1.0, 1.0, label="an extra release of D_v")
+    relation = curator.relations()[0]  # the run's, as every event of the party
+    curator.gaussian(1.0, 1.0, label="an extra release of D_v", neighbouring=relation)
     report = budget_report(config, "run-1", {}, [], {"validation": curator.to_dict()})
     assert report is not None and report["owners"]["consumer"]["status"] == "mismatch"

@@ -25,6 +25,7 @@ from dpmarket.actors.report import (
     PUBLIC_REPORT,
     Reports,
     consumer_report,
+    privacy_section,
     public_report,
     split_secure_phases,
     write_outputs,
@@ -43,6 +44,7 @@ from dpmarket.actors.securephase_journal import (
 )
 from dpmarket.actors.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.privacy.filter import RenyiFilter
+from dpmarket.protocol.privacy.ledger import REPLACE_ONE_RECORD
 from dpmarket.protocol.securesum.spec import RoundResult
 from dpmarket.protocol.summary.curator import Curator, CuratorParams
 from dpmarket.protocol.summary.owner import Owner
@@ -77,7 +79,7 @@ def _secure_phases(scenario: Scenario, validation: np.ndarray[Any, Any]) -> dict
     sketch.update(pool.astype(np.float32))
     counters = sketch.counter_vector() + noise.normal(0, 0.5, sketch.counter_vector().shape)
     scan_round = _round(2, counters)
-    release = _pool_release(scan_round, SKETCH, k)
+    release = _pool_release(scan_round, SKETCH, k, REPLACE_ONE_RECORD)
     refresh = {"epoch": 5, "round": 3, "status": "released", "records_estimate": 900.0,
                "coverage": _coverage(release, validation, 900.0), "releases": 2, "sigma": 0.5,
                "missing": []}  # fmt: skip
@@ -140,7 +142,9 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, Repor
     scenario = small_scenario(5, n_points=900, dim=4, n_validation=40)
 
     def fixed_release(H: object, params: CuratorParams, ledger: object, rng: object) -> object:
-        ledger.gaussian(1.0, 1.0, label="gaussian(validation mean)")  # type: ignore[attr-defined]
+        ledger.gaussian(  # type: ignore[attr-defined]
+            1.0, 1.0, label="gaussian(validation mean)", neighbouring=REPLACE_ONE_RECORD
+        )
         return np.full(params.d, 0.1)
 
     params = small_params(scenario, p=8, tau=2, final_selection="exact", explore_share=1.0)
@@ -292,6 +296,7 @@ def two_sizes(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, Repo
         out = tmp_path_factory.mktemp(f"n{n}")
         budget = OwnerBudget(str(out / "owner-1.sqlite"), cap, 1e-5, 10)
         gate = OwnerGate("owner-1", BudgetGate(budget, "this", tuple(plan), block_records=10))
+        gate.arrived(0, n, 0.0)  # the owner actor gives arriving records their blocks
         spent = list(range(5, (n - 1) // 10 + 1))  # the blocks holding records 50 and up
         assert gate.store.charge_blocks("earlier", "earlier", [*plan, *plan], spent) == spent
         owners = _owners(sized)
@@ -321,3 +326,20 @@ def test_public_report_does_not_depend_on_an_owners_record_count(
         [5], [5, 6]
     ]  # fmt: skip
     assert a.consumer["parsimony"]["distinct_points"] > 8  # exploration bought more than p
+
+
+def test_the_public_report_states_the_runs_one_relation_once(
+    two_runs: list[tuple[Path, Reports]],
+) -> None:
+    for _, reports in two_runs:
+        privacy = reports.public["privacy"]
+        assert privacy["neighbouring"] == REPLACE_ONE_RECORD  # every party's events share it
+        assert "neighbouring" not in reports.public["run"]  # stated once, under privacy
+    ledgers = {
+        "owner-1": {"party": "owner-1", "events": [{"mechanism": "auction",
+                    "parameters": {"eps_auc": 0.1}, "variant": "pure"}]},
+        "validation": {"party": "validation", "events": [{"mechanism": "gaussian",
+                       "parameters": {"sigma": 1.0}, "neighbouring": REPLACE_ONE_RECORD}]},
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="mix relations"):
+        privacy_section(ledgers, 1e-5, ())

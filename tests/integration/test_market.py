@@ -9,6 +9,7 @@ import pytest
 
 from dpmarket.actors.commands.main import main
 from dpmarket.actors.curator import read_pool_rows
+from dpmarket.protocol.privacy.ledger import REPLACE_ONE_RECORD
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
@@ -72,6 +73,10 @@ def test_run_writes_summary_report_and_plots(tmp_path: Path) -> None:
     events = report["privacy"]["parties"]["owner-2"]["events"]["events"]
     labels = {e["label"]: e["mechanism"] for e in events}
     assert labels["normalise (secure sum)"] == labels["scan (secure sum)"] == "gaussian"
+    # one relation for the run, stated once (issue 24): the secure sums', the summary's, ...
+    assert report["privacy"]["neighbouring"] == REPLACE_ONE_RECORD
+    assert {e["neighbouring"] for e in events} == {REPLACE_ONE_RECORD}
+    assert "neighbouring" not in report["run"]
     # h1 hashed the features standardised by the normalise round's DP means and spreads
     standard = secure["standardize"]
     assert standard["applied"] and standard["center"] == normalise["mean"]

@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from dpmarket.protocol.privacy.composition import kairouz_theorem7, paper_composition
-from dpmarket.protocol.privacy.ledger import MechanismEvent, PrivacyLedger
+from dpmarket.protocol.privacy.ledger import (
+    ADD_REMOVE,
+    REPLACE_ONE_RECORD,
+    MechanismEvent,
+    PrivacyLedger,
+    record_relation,
+)
 
 T_INIT = 1656  # Table 1: d^1.5 with d = 140
 EPS_V = 0.01
@@ -211,7 +217,7 @@ def test_gaussian_needs_a_delta_for_pure_parameters() -> None:
 def test_round_trip_to_dict() -> None:
     ledger = _validation_ledger()
     ledger.auction(0.05, "pure", count=7, label="auction")
-    ledger.gaussian(12.0, 1.5, count=3, label="g", neighbouring="replace one record")
+    ledger.gaussian(12.0, 1.5, count=3, label="g")
     ledger.approx_dp(0.2, 1e-7, count=2, label="other")
     data = json.loads(json.dumps(ledger.to_dict()))
     restored = PrivacyLedger.from_dict(data)
@@ -221,6 +227,46 @@ def test_round_trip_to_dict() -> None:
     assert json.loads(json.dumps(summary)) == summary
     assert set(summary["epsilon"]) == {"pld", "theorem7", "paper"}
     assert summary["epsilon"]["paper"] == pytest.approx(ledger.epsilon(1e-3, "paper"))
+
+
+def test_a_ledger_keeps_its_relation_through_a_round_trip() -> None:
+    ledger = PrivacyLedger("owner-1")
+    ledger.gaussian(12.0, 1.5, count=3, label="g", neighbouring=REPLACE_ONE_RECORD)
+    ledger.auction(0.05, "pure", count=7, neighbouring=REPLACE_ONE_RECORD)
+    restored = PrivacyLedger.from_dict(json.loads(json.dumps(ledger.to_dict())))
+    assert restored == ledger and restored.relations() == (REPLACE_ONE_RECORD,)
+
+
+# --- one relation per party (issue 24) -------------------------------------------------------
+
+
+def test_a_ledger_refuses_an_event_under_a_second_relation_and_is_left_untouched() -> None:
+    ledger = PrivacyLedger("owner-2")
+    assert ledger.relations() == ()
+    ledger.gaussian(3.0, 1.0, label="scan (secure sum)", neighbouring=ADD_REMOVE)
+    before = ledger.to_dict()
+    with pytest.raises(ValueError, match="owner-2") as err:
+        ledger.gaussian(1.0, 1.0, label="histogram", neighbouring=REPLACE_ONE_RECORD)
+    assert ADD_REMOVE in str(err.value) and REPLACE_ONE_RECORD in str(err.value)
+    assert ledger.to_dict() == before and ledger.relations() == (ADD_REMOVE,)
+    ledger.gaussian(3.0, 1.0, label="scan (secure sum)", neighbouring=ADD_REMOVE)  # same: fine
+    assert ledger.events[0].count == 2
+
+
+def test_a_stored_ledger_that_mixes_relations_is_refused_on_load() -> None:
+    events = [
+        MechanismEvent("gaussian", (("sigma", 2.0),), neighbouring=REPLACE_ONE_RECORD).to_dict(),
+        MechanismEvent("auction", (("eps_auc", 0.1),), variant="pure").to_dict(),
+    ]
+    with pytest.raises(ValueError, match="one neighbouring relation"):
+        PrivacyLedger.from_dict({"party": "owner-1", "events": events})
+
+
+def test_record_relation_names_the_configured_relations() -> None:
+    assert record_relation("replace") == REPLACE_ONE_RECORD
+    assert record_relation("add_remove") == ADD_REMOVE
+    with pytest.raises(ValueError, match="neighbouring"):
+        record_relation("swap")
 
 
 def test_from_dict_rejects_unknown_fields() -> None:
