@@ -1,8 +1,8 @@
 """Ray transport for ``benchmarks/dca_scaling.py --ray``: the same session and rounds in actors.
 
-The M compute nodes are the market's :class:`~dpmarket.actors.compute.ComputeNodeActor`
+The M compute nodes are the market's :class:`~dpmarket.actors.parties.compute.ComputeNodeActor`
 (one Ray worker process each); clients are batched many per :class:`ClientBatch` actor (one
-per ``--workers``); the driver runs the market's :class:`~dpmarket.actors.dca.DcaHub`, which
+per ``--workers``); the driver runs the market's :class:`~dpmarket.actors.parties.dca.DcaHub`, which
 hosts the aggregator and relays every frame between actors (shares stay sealed end to end).
 A round is timed from the hub's open to the release, as in the process transport; the clients'
 values are generated before the clock starts.
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import ray
 
-from dpmarket.actors.cluster import connect
-from dpmarket.actors.compute import ComputeNodeActor
-from dpmarket.actors.dca import DcaHub
+from dpmarket.actors.cluster.connect import connect
+from dpmarket.actors.parties.compute import ComputeNodeActor
+from dpmarket.actors.parties.dca import DcaHub
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.securesum.client import Client
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec

@@ -3,7 +3,8 @@
 A curator with the final selection (protocol/summary/selection.py) keeps every point it bought; the
 journal must keep them too. Inline, every checkpoint rewrites the whole pool; with
 ``snapshot_curator(c, pool_inline=False)`` plus :func:`pool_rows` appended to a file (what
-actors/curator.py does) each point is serialised once. The run is simulated: a pool growing by
+actors/parties/curator.py does) each point is serialised once. The run is simulated: a pool growing
+by
 K = 16 points of 20 features per epoch (market_scale's shape with every owner asked), two
 checkpoints per epoch, JSON encoding timed (the disk write is left out; its bytes are counted).
 

@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from dpmarket.actors.cluster import connect
+from dpmarket.actors.cluster.connect import connect
+from dpmarket.actors.harness.inprocess import run_inprocess
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.actors.runner import run_inprocess, run_ray
+from dpmarket.actors.run.spawn import run_ray
 from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 

@@ -1,6 +1,7 @@
 """Parsimony (issue 18): gap closed and LinearSVC against the points the curator accessed.
 
-For every mechanism (actors/parsimony.py: allocate-select, herding-select, herding-pure-select)
+For every mechanism (actors/harness/parsimony.py: allocate-select, herding-select,
+herding-pure-select)
 and the baseline "random-select" (max_points points bought uniformly at random, then the same
 exact final selection against D_v), on the synthetic covariate shift of benchmarks/utility.py
 and the appendix G digits split, at ``[summary].max_points`` = p, 1.5 p, 2 p, 3 p and (K + 1) p.
@@ -35,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from dpmarket.actors.parsimony import FACTORS, PARSIMONY_MECHANISMS, evaluate_parsimony
+from dpmarket.actors.harness.parsimony import FACTORS, PARSIMONY_MECHANISMS, evaluate_parsimony
+from dpmarket.actors.harness.utility import DATASETS
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.actors.utility import DATASETS
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:

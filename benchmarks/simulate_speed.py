@@ -60,11 +60,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     args = parser.parse_args()
 
-    from dpmarket.actors.cluster import connect
-    from dpmarket.actors.study_actors import _actor_run, actor_faults
-    from dpmarket.actors.study_config import load_study
-    from dpmarket.actors.study_report import summarise
-    from dpmarket.actors.study_run import run_study
+    from dpmarket.actors.cluster.connect import connect
+    from dpmarket.actors.studies.actors import _actor_run, actor_faults
+    from dpmarket.actors.studies.config import load_study
+    from dpmarket.actors.studies.report import summarise
+    from dpmarket.actors.studies.run import run_study
 
     work = Path(tempfile.mkdtemp(prefix="simulate-speed-"))
     path = work / "speed.toml"
@@ -85,7 +85,7 @@ def main() -> None:
         tick = time.perf_counter()
         verdict = _actor_run(study, row["cell"], row["seed"], draw, work / f"actor-{i}")
         actor_seconds.append(time.perf_counter() - tick)
-        from dpmarket.actors.study_trial import run_trial
+        from dpmarket.actors.studies.trial import run_trial
 
         cell = next(c for c in study.cells if c.key == row["cell"])
         replay = run_trial(

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from dpmarket.actors.scenarios import digits_split
+from dpmarket.actors.config.digits import digits_split
 from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.objective import greedy_exact, greedy_hashed, mmd2, uniform_sample
 from dpmarket.protocol.summary.plan import plan_releases

@@ -6,7 +6,7 @@ Synthetic covariate shift (K = 6 owners, Dirichlet(0.5) weights over 8 Gaussian 
 MMD^2 (exact RBF, to the test set) of exact greedy, uniform sampling and the private protocol;
 gap closed = (uniform - private) / (uniform - greedy); LinearSVC accuracy; the worst epsilon per
 owner and of the validation set over the seeds (ledger, dp-accounting PLD, delta 1e-5); distinct
-points the curator received. Mechanisms (actors/utility.py, MECHANISMS): "paper" (Table 1:
+points the curator received. Mechanisms (actors/harness/utility.py, MECHANISMS): "paper" (Table 1:
 MWEM h2, paper auction; its budget is not met and its auction has no finite epsilon), and,
 planned to eps_owner <= 1 and eps_validation <= 3 by protocol/release_plan.plan_releases:
 "gaussian", "tree", "herding" (every bidder asked) and "herding-pure" (calibrated pure auction).

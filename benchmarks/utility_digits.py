@@ -19,7 +19,7 @@ import json
 import time
 
 from dpmarket.actors.commands.digits import make_scenario, print_table
-from dpmarket.actors.evaluation import METHODS, evaluate
+from dpmarket.actors.harness.evaluation import METHODS, evaluate
 from dpmarket.actors.randomness import NoiseSource
 
 

@@ -210,7 +210,7 @@ from asyncio import sleep
 import time, os.path
 from datetime import datetime
 import random
-from dpmarket.actors.runner import run
+from dpmarket.actors.run.spawn import run
 from ..actors import transport
 from dpmarket import actors
 x = open("f")
@@ -307,3 +307,151 @@ def test_every_protocol_and_streams_module_lives_in_a_subsystem() -> None:
 )  # fmt: skip
 def test_checker_enforces_the_subsystem_rules(relpath: str, source: str, flagged: set[int]) -> None:
     assert lines(violations(source, relpath)) == flagged
+
+
+# ------------------------------------------------------------------ the runtime's rooms (issue 25)
+# Which rooms of ``actors/`` each room may import (docs/ARCHITECTURE.md, "Rooms of the runtime",
+# states the same table; a test holds the two equal). ``randomness`` is the one module at the top.
+ACTORS_DEPENDENCIES: dict[str, frozenset[str]] = {
+    "randomness": frozenset(),
+    "budgets": frozenset(),
+    "config": frozenset({"randomness", "budgets"}),
+    "cluster": frozenset({"config"}),
+    "parties": frozenset({"randomness", "budgets", "cluster"}),
+    "harness": frozenset({"randomness", "config", "parties"}),
+    "run": frozenset({"randomness", "budgets", "config", "cluster", "parties", "harness"}),
+    "studies": frozenset({"randomness", "config", "cluster", "parties", "run", "harness"}),
+    "commands": frozenset(
+        {"randomness", "budgets", "config", "cluster", "parties", "harness", "run", "studies"}
+    ),
+}
+
+
+def actors_module(relpath: str) -> str:
+    """actors/run/market.py -> run.market; actors/randomness.py -> randomness."""
+    parts = relpath.removesuffix(".py").split("/")[1:]
+    return ".".join(p for p in parts if p != "__init__")
+
+
+def actors_imports(source: str, relpath: str, modules: set[str]) -> list[tuple[int, str]]:
+    """Every ``dpmarket.actors`` module ``source`` imports, anywhere in the file (top level,
+    inside functions, under ``TYPE_CHECKING``), as (line, module)."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=relpath)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            module = node.module
+            if node.level:
+                package = package_of(relpath)
+                module = ".".join([*package[: len(package) - node.level + 1], module])
+            if module == "dpmarket.actors" or module.startswith("dpmarket.actors."):
+                base = module.removeprefix("dpmarket.actors").lstrip(".")
+                for alias in node.names:
+                    name = f"{base}.{alias.name}".lstrip(".")
+                    found.append((node.lineno, name if name in modules else base))
+        elif isinstance(node, ast.Import):
+            found += [
+                (node.lineno, a.name.removeprefix("dpmarket.actors."))
+                for a in node.names
+                if a.name.startswith("dpmarket.actors.")
+            ]
+    return [(line, m) for line, m in found if m]
+
+
+def room_violations(sources: dict[str, str]) -> list[str]:
+    """``relpath:line`` for every import of a room that ``ACTORS_DEPENDENCIES`` does not allow
+    (an unknown room is a violation too)."""
+    modules = {actors_module(r) for r in sources}
+    found = []
+    for relpath, source in sources.items():
+        own = actors_module(relpath).split(".")[0]
+        allowed = ACTORS_DEPENDENCIES.get(own)
+        for line, module in actors_imports(source, relpath, modules):
+            room = module.split(".")[0]
+            if allowed is None or (room != own and room not in allowed):
+                found.append(f"{relpath}:{line}: {own} imports {module} (allowed: "
+                             f"{sorted(allowed or ())})")  # fmt: skip
+    return found
+
+
+def import_cycles(sources: dict[str, str]) -> list[list[str]]:
+    """Strongly connected components of more than one module (or a module importing itself)
+    in the graph of ``actors`` imports, every import counted (Tarjan)."""
+    modules = {actors_module(r) for r in sources}
+    edges = {
+        actors_module(r): {m for _, m in actors_imports(s, r, modules) if m in modules}
+        for r, s in sources.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = [stack.pop()]
+            while component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1 or v in edges[v]:
+                cycles.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def actors_sources() -> dict[str, str]:
+    return {
+        p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
+        for p in sorted((ROOT / "actors").rglob("*.py"))
+    }
+
+
+def test_actors_rooms_import_only_what_the_architecture_allows() -> None:
+    sources = actors_sources()
+    assert "actors/run/market.py" in sources  # the scan really looks at the tree
+    rooms = {actors_module(r).split(".")[0] for r in sources if r.count("/") > 1}
+    assert rooms | {"randomness"} == set(ACTORS_DEPENDENCIES)  # every room has its rule
+    found = room_violations(sources)
+    assert not found, "room violations:\n" + "\n".join(found)
+
+
+def test_no_import_circle_anywhere_in_actors() -> None:
+    cycles = import_cycles(actors_sources())
+    assert not cycles, f"import circles: {cycles}"
+
+
+def test_the_room_checks_flag_a_wrong_import_and_a_circle() -> None:
+    sources = {
+        "actors/config/a.py": "from dpmarket.actors.run.market import run_market\n",
+        "actors/run/market.py": "from dpmarket.actors.config import a\n",
+        "actors/run/x.py": "def f():\n    from dpmarket.actors.run.y import g\n",
+        "actors/run/y.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from dpmarket.actors.run.x import f\n",
+        "actors/mystery/z.py": "from dpmarket.actors.run import x\n",
+    }
+    found = room_violations(sources)
+    assert [f.split(":")[0] for f in found] == ["actors/config/a.py", "actors/mystery/z.py"]
+    assert sorted(import_cycles(sources)) == [["config.a", "run.market"], ["run.x", "run.y"]]
+    assert import_cycles({**sources, "actors/run/x.py": "", "actors/config/a.py": ""}) == []
+
+
+def test_the_architecture_document_states_the_same_room_rules() -> None:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    section = text.split("## Rooms of the runtime", 1)[1].split("\n## ", 1)[0]
+    stated: dict[str, frozenset[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            room = cells[0].strip("`").removeprefix("actors/").rstrip("/").removesuffix(".py")
+            names = {n.strip("` ") for n in cells[2].split(",")} - {"nothing", ""}
+            stated[room] = frozenset(n.rstrip("/").removesuffix(".py") for n in names)
+    assert stated == ACTORS_DEPENDENCIES

@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any
 
-from dpmarket.actors.config import ConfigError
+from dpmarket.actors.config.market import ConfigError
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
 
 __all__ = ["add_account_parser", "ledger_from_specs"]

@@ -1,5 +1,5 @@
 """``dpmarket digits``: the private protocol against its baselines on the appendix G digits
-split (or the synthetic scenario), in-process (actors/evaluation.py)."""
+split (or the synthetic scenario), in-process (actors/harness/evaluation.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from dpmarket.actors.config import ConfigError
-from dpmarket.actors.evaluation import DemoConfig, EvaluationTable, evaluate, load_demo_config
+from dpmarket.actors.config.digits import digits_split
+from dpmarket.actors.config.market import ConfigError
+from dpmarket.actors.harness.evaluation import (
+    DemoConfig,
+    EvaluationTable,
+    evaluate,
+    load_demo_config,
+)
 from dpmarket.actors.randomness import NOISE_WARNING, NoiseSource
-from dpmarket.actors.scenarios import digits_split
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
 __all__ = ["add_digits_parser", "make_scenario", "print_table"]

@@ -10,8 +10,8 @@ import sys
 import time
 from typing import Any
 
+from dpmarket.actors.harness.utility import DATASETS, MECHANISMS, ROW_KEYS, evaluate_utility
 from dpmarket.actors.randomness import NOISE_WARNING, NoiseSource
-from dpmarket.actors.utility import DATASETS, MECHANISMS, ROW_KEYS, evaluate_utility
 from dpmarket.protocol.summary.plan import EXPLORE_SHARE
 
 __all__ = [

@@ -21,7 +21,7 @@ from dpmarket.actors.commands.evaluate import add_evaluate_parser
 from dpmarket.actors.commands.market import add_market_parsers
 from dpmarket.actors.commands.regress import add_regress_parser
 from dpmarket.actors.commands.sketch import add_sketch_parser
-from dpmarket.actors.config import ConfigError
+from dpmarket.actors.config.market import ConfigError
 
 __all__ = ["build_parser", "main"]
 

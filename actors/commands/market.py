@@ -1,5 +1,5 @@
 """``dpmarket run``, ``simulate``, ``validate`` and ``resume``: a market on Ray
-(actors/market.py), its outcome and privacy printed from the reports (actors/report.py)."""
+(actors/run/market.py), its outcome and privacy printed from the reports (actors/run/report.py)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpmarket.actors.commands.study import add_study_arguments, run_study_command
-from dpmarket.actors.config import ConfigError, MarketConfig, load_market_config
+from dpmarket.actors.config.market import ConfigError, MarketConfig, load_market_config
+from dpmarket.actors.config.validate import check_inputs, resolve_out
 from dpmarket.actors.randomness import NOISE_WARNING
-from dpmarket.actors.requests import request_config
-from dpmarket.actors.study_config import is_study_file
-from dpmarket.actors.validate import check_inputs, resolve_out
+from dpmarket.actors.studies.config import is_study_file
 
 if TYPE_CHECKING:
-    from dpmarket.actors.preflight import RunPlan
+    from dpmarket.actors.run.preflight import RunPlan
 
 __all__ = ["add_market_parsers", "print_plan", "print_rejects", "print_report"]
 
 
 def _ray_line(info: dict[str, Any]) -> None:
-    from dpmarket.actors.cluster import describe
+    from dpmarket.actors.cluster.connect import describe
 
     print(describe(info), file=sys.stderr)
 
@@ -66,7 +65,8 @@ def _check_plan(strict: bool) -> Any:
 
 
 def _market(args: argparse.Namespace) -> int:
-    from dpmarket.actors.market import resume_market, run_market
+    from dpmarket.actors.run.market import resume_market, run_market
+    from dpmarket.actors.run.requests import run_requests
 
     if args.command == "simulate" and is_study_file(args.config):
         return run_study_command(args)  # a [study] table: a sweep of markets (commands/study.py)
@@ -78,7 +78,8 @@ def _market(args: argparse.Namespace) -> int:
             print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)
         if args.command == "validate":
             return _validate(config, args.out)
-        outcome = run_market(
+        buy = run_requests if config.requests else run_market  # [[requests]]: one after another
+        outcome = buy(
             config,
             Path(args.out) if args.out else None,
             args.address,
@@ -104,7 +105,7 @@ def _validate(config: MarketConfig, out: str | None) -> int:
         print("\n".join(check_inputs(config).describe()))
         for request in config.requests:  # each request's consumer files
             print(f"request {request.name}:")
-            print("\n".join(check_inputs(request_config(config, request)).describe()))
+            print("\n".join(check_inputs(config.for_request(request)).describe()))
     print(f"out: {resolve_out(config, out)} (--out or [run].out, from the working directory)")
     print(f"{config.path}: valid", file=sys.stderr)
     return 0
@@ -126,7 +127,8 @@ def _epsilon(value: float | str | None) -> str:
 
 
 def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None) -> None:
-    """Print the public ``report`` and, when given, the consumer's utility (actors/report.py)."""
+    """Print the public ``report`` and, when given, the consumer's utility
+    (actors/run/report.py)."""
     outcome, parsimony = report["outcome"], report["parsimony"]
     print(f"state {outcome['state']} after {outcome['epochs']} epochs: {outcome['reason']}")
     accessed = (consumer or {}).get("parsimony") or parsimony  # schema 2 before issue 24: public
@@ -137,7 +139,7 @@ def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None)
             f"{parsimony.get('max_points') or 'unbounded'} in {accessed['total_transfers']} "
             f"transfers (rho {accessed['rho']:.2f})"
         )
-    else:  # the points accessed are the consumer's (actors/report.py)
+    else:  # the points accessed are the consumer's (actors/run/report.py)
         print(
             f"summary {parsimony['summary_size']} points; max_points "
             f"{parsimony.get('max_points') or 'unbounded'}"

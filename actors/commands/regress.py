@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dpmarket.actors.config import ConfigError
+from dpmarket.actors.config.market import ConfigError
 from dpmarket.actors.randomness import NOISE_WARNING, NoiseSource, public_generator
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.regression.dca import fit_dca

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from dpmarket.actors.config import ConfigError
+from dpmarket.actors.config.market import ConfigError
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.streams.race.lsh import make_family

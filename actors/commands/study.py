@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dpmarket.actors.study_config import load_study
+from dpmarket.actors.studies.config import load_study
 
 __all__ = ["add_study_arguments", "run_study_command"]
 
@@ -40,15 +40,15 @@ def add_study_arguments(cmd: Any) -> None:
 
 
 def _ray_line(info: dict[str, Any]) -> None:
-    from dpmarket.actors.cluster import describe
+    from dpmarket.actors.cluster.connect import describe
 
     print(describe(info), file=sys.stderr)
 
 
 def run_study_command(args: argparse.Namespace) -> int:
-    from dpmarket.actors.config import ConfigError
-    from dpmarket.actors.study_report import write_study
-    from dpmarket.actors.study_run import RESULTS_FILE, run_study
+    from dpmarket.actors.config.market import ConfigError
+    from dpmarket.actors.studies.report import write_study
+    from dpmarket.actors.studies.run import RESULTS_FILE, run_study
 
     if args.set:
         raise ConfigError(
@@ -88,7 +88,7 @@ def run_study_command(args: argparse.Namespace) -> int:
             )
     code = 0
     if args.actors:
-        from dpmarket.actors.study_actors import compare_with_actors
+        from dpmarket.actors.studies.actors import compare_with_actors
 
         check = compare_with_actors(study, results, out, args.actors, args.actors_trials)
         (out / "actors.json").write_text(json.dumps(check, indent=1), encoding="utf-8")

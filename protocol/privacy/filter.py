@@ -51,7 +51,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from dpmarket.protocol.privacy.composition import check_delta
-from dpmarket.protocol.privacy.ledger import MechanismEvent
+from dpmarket.protocol.privacy.ledger import ADD_REMOVE, MechanismEvent
 
 __all__ = ["ORDERS", "NotAccountable", "RenyiFilter", "rdp_curve"]
 
@@ -75,13 +75,18 @@ def _laplace_rdp(lam: float, orders: NDArray[np.float64]) -> NDArray[np.float64]
     return np.minimum(out, 1.0 / lam)  # never above the pure epsilon s/b
 
 
-def rdp_curve(event: MechanismEvent, orders: Sequence[float] = ORDERS) -> NDArray[np.float64]:
+def rdp_curve(
+    event: MechanismEvent, orders: Sequence[float] = ORDERS, group: int = 1
+) -> NDArray[np.float64]:
     """The Rényi DP of all ``event.count`` occurrences at each order (upper bounds, see module
-    docstring); :class:`NotAccountable` for an event with delta > 0."""
+    docstring), for neighbours ``group`` steps of the event's own relation apart (2: an
+    add/remove event composed under replace-one, which is a removal and an addition; the L2 or
+    L1 sensitivity at most doubles, a pure epsilon doubles); :class:`NotAccountable` for an
+    event with delta > 0."""
     a = np.asarray(orders, dtype=np.float64)
     if np.any(a <= 1.0):
         raise ValueError(f"Rényi orders must be > 1, got {orders!r}")
-    s = event.sensitivity
+    s = event.sensitivity * group
     if event.mechanism == "gaussian":
         one = a * s**2 / (2.0 * event.param("sigma") ** 2)
     elif event.mechanism == "laplace":
@@ -93,6 +98,7 @@ def rdp_curve(event: MechanismEvent, orders: Sequence[float] = ORDERS) -> NDArra
                 f"{event.mechanism} event {event.label!r} is ({eps:g}, {delta:g})-DP with "
                 "delta > 0: no Rényi curve, the filter cannot admit it"
             )
+        eps *= group
         one = np.minimum(eps, a * eps**2 / 2.0)
     out: NDArray[np.float64] = event.count * one
     return out
@@ -122,10 +128,18 @@ class RenyiFilter:
         return out
 
     def rdp(self, events: Iterable[MechanismEvent]) -> NDArray[np.float64]:
-        """``S(alpha)``: the summed Rényi curves of ``events`` on the filter's orders."""
+        """``S(alpha)``: the summed Rényi curves of ``events`` on the filter's orders. Events
+        charged under different relations (a store kept across the change to one relation per
+        run, issue 24) are composed under replace-one: an add/remove event among them counts as
+        two steps of its own relation (``rdp_curve``'s ``group``), which bounds it under
+        replace-one (group privacy); events of one relation compose as they are."""
+        events = list(events)
+        relations = {e.neighbouring == ADD_REMOVE for e in events}
+        mixed = len(relations) > 1
         total = np.zeros(len(self.orders), dtype=np.float64)
         for event in events:
-            total += rdp_curve(event, self.orders)
+            group = 2 if mixed and event.neighbouring == ADD_REMOVE else 1
+            total += rdp_curve(event, self.orders, group)
         return total
 
     def spent(self, events: Iterable[MechanismEvent]) -> float:

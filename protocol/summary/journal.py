@@ -22,7 +22,8 @@ every point bought so far. Version 1 journals restore with a pool seeded from th
 
 Version 3 is written from the start of a run, before the first secure-sum round opens (state
 "new": nothing released by the curator yet, ledgers empty), and adds ``secure_phases``: the
-runtime's record of the secure-sum rounds (actors/securephase_journal.py: which rounds opened,
+runtime's record of the secure-sum rounds (actors/parties/securephase_journal.py: which rounds
+opened,
 their released values and the finished phases' summary; DP outputs, curator-private like the
 rest of the snapshot). This module stores it as given (:func:`secure_record` reads it back);
 version 1 and 2 journals restore with an empty record (they were written after the secure

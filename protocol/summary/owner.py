@@ -133,6 +133,7 @@ class Owner:
         self._rng = rng
         self._profile_floor = profile_floor
         self._profile: F64 | None = None  # released once, re-sent unchanged on a resume
+        self._profile_records = 0  # the live records it was computed over (n_i, public)
         self._explore_key: bytes | None = None  # secret, from rng at the first exploration
         self._table: dict[tuple[str, str], Handler] = {
             # setup is accepted in every state: a resumed run re-sends it to returning owners
@@ -302,21 +303,22 @@ class Owner:
                 raise RemoteProtocolError(
                     "summary.epoch.profile_*: expected a finite sigma, a clip > 0 and k x d basis"
                 )
+            # only records the owner may still use: a retired record (its budget block spent,
+            # actors/budgets/gate.py) is read by no release, this one included
+            live = self._store.HT[:, ~self._retired_tokens()]
+            self._profile_records = int(live.shape[1])
             try:
                 if body.profile_edges is not None:  # score histogram (allocate_rank.py)
                     self._profile = owner_histogram(
-                        self._store.HT, basis, center, body.profile_edges, body.profile_sigma,
-                        self._rng,
-                    )  # fmt: skip
+                        live, basis, center, body.profile_edges, body.profile_sigma, self._rng
+                    )
                 else:
                     frame = ProfileFrame(basis.reshape(-1, d), center, float(body.profile_clip))
-                    self._profile = owner_profile(
-                        self._store.HT, frame, body.profile_sigma, self._rng
-                    )
+                    self._profile = owner_profile(live, frame, body.profile_sigma, self._rng)
             except ValueError as exc:
                 raise RemoteProtocolError(f"summary.epoch.profile_basis: {exc}") from None
         self._bids = {}
-        return ProfileBody(self._profile.copy(), records=int(self._store.X.shape[0]))
+        return ProfileBody(self._profile.copy(), records=self._profile_records)
 
     def _on_ask(self, msg: Message) -> list[Message]:
         body = body_of(msg, AskBody)

@@ -265,7 +265,7 @@ class CuratorParams:
         paper's Theorems 2 and 6), which is honest only if the count itself is never released
         exactly; kept selectable to reproduce the paper's accounting (and refused with the
         settings that send an owner's exact count, ``_exact_counts``). ``neighbouring`` is the
-        run's one relation: the secure sums (actors/phases.py), allocate-select and the auction
+        run's one relation: the secure sums (actors/run/phases.py), allocate-select and the auction
         are charged under it too, so no party's ledger mixes relations."""
         return 1.0 if self.neighbouring == "add_remove" else 2.0
 
@@ -275,9 +275,9 @@ class CuratorParams:
 
         allocate-select: the owner's histogram (or profile) goes with n_i (allocate.py,
         allocate_rank.py). Exploration (explore_share > 0): the point an owner delivers is drawn
-        by a public generator (selection.py ``exploration_generator``) from its biddable
-        records, so the delivered token, with the public seed, tells n_i. Both are honest under
-        replace-one (n_i fixed by the relation) and refused under add/remove."""
+        uniformly (under the owner's secret key) from its biddable records, and its token is its
+        arrival position, so the tokens bound n_i from below and estimate it. Both are honest
+        under replace-one (n_i fixed by the relation) and refused under add/remove."""
         found = []
         if self.allocate:
             found.append(

@@ -70,7 +70,7 @@ def _replace_moment_pair(bound: float) -> float:
 
 def moments_sensitivity(n_features: int, bound: float, *, neighbouring: str) -> float:
     """L2 sensitivity of one owner's normalise vector (sum x, sum x^2, count), features clipped
-    to ``[-bound, bound]`` (actors/dcaowner.py ``contribution``), under the run's relation.
+    to ``[-bound, bound]`` (actors/parties/dcaowner.py ``contribution``), under the run's relation.
 
     ``"add_remove"``: one record adds (x, x^2, 1): sqrt(k b^2 + k b^4 + 1).
     ``"replace"`` (the default relation of a run: an owner's count n_i is public): the count
@@ -169,7 +169,7 @@ def validation_check(params: CuratorParams, m: int, delta: float) -> ReleaseChec
 def normalise_check(
     n_features: int, bound: float, eps: float, delta: float, records: float, *, neighbouring: str
 ) -> ReleaseCheck:
-    """The normalise secure sum (actors/dca.py): the pool's record count against its noise.
+    """The normalise secure sum (actors/parties/dca.py): the pool's record count against its noise.
 
     sigma is calibrated as ``DcaConfig.spec`` does (analytic Gaussian at the moments'
     sensitivity under the run's relation; the grid adds at most sqrt(2k+1) 2^-f to the
@@ -205,7 +205,7 @@ def planned_owner_ledger(params: CuratorParams) -> PrivacyLedger:
     """Every event one owner's ledger is charged under ``params`` if the run uses all its
     steering epochs (an upper bound: exploration epochs charge nothing), all under the run's
     relation (``params.neighbouring``): the owner's store is charged these events before the
-    summary phase (actors/budgets.py), beside the secure sums' under the same relation."""
+    summary phase (actors/run/budgets.py), beside the secure sums' under the same relation."""
     ledger = PrivacyLedger("owner")
     relation = record_relation(params.neighbouring)
     if params.allocate:  # allocate-select's profile (allocate.py): sensitivity 1 in its units

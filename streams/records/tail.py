@@ -35,7 +35,7 @@ taken the records in) appends the rejects of all batches up to it, syncs them, t
 state with the rejects file's length; a restarted tailer cuts the rejects file back to that
 length. Records and rejects of committed batches are never delivered again, those of batches
 not committed are, once. ``commit`` never suspends, so it may be called from another thread's
-loop while this tailer keeps reading (the owner does: actors/owner.py).
+loop while this tailer keeps reading (the owner does: actors/parties/owner.py).
 """
 
 from __future__ import annotations

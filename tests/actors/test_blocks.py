@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpmarket.actors.budget_config import OwnerBudget
-from dpmarket.actors.ledger_store import LedgerStore, read_store
-from dpmarket.actors.owner_budget import BudgetGate, OwnerGate, gated_contribute
+from dpmarket.actors.budgets.gate import BudgetGate, OwnerBudget, OwnerGate
+from dpmarket.actors.budgets.store import LedgerStore, read_store
+from dpmarket.actors.parties.dcaowner import gated_contribute
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, MechanismEvent
 from dpmarket.protocol.securesum.spec import RoundSpec
@@ -147,7 +147,7 @@ def test_a_store_without_blocks_is_unchanged_by_them(tmp_path: Path) -> None:
 def test_a_release_reading_nothing_is_recorded_not_charged(tmp_path: Path) -> None:
     """A refresh with no new records reads no block: nothing is charged, but the store records
     the release ('unread'), so it covers the curator's (conservative) charge of it."""
-    from dpmarket.actors.budgets import reconcile
+    from dpmarket.actors.run.budgets import reconcile
     from dpmarket.protocol.privacy.ledger import PrivacyLedger
 
     gate = _gate(tmp_path, 3.0, size=10)
@@ -166,7 +166,7 @@ def test_a_release_reading_only_retired_blocks_is_recorded_not_charged(tmp_path:
     """The second purchase on a store whose every block is spent: its rounds read nothing and
     are recorded 'unread', so the store covers the curator's (conservative) charges and the
     report's budgets has no error."""
-    from dpmarket.actors.budgets import reconcile
+    from dpmarket.actors.run.budgets import reconcile
     from dpmarket.protocol.privacy.ledger import PrivacyLedger
 
     gate = _gate(tmp_path, 0.5, size=10)

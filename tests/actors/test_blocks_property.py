@@ -24,9 +24,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpmarket.actors.budget_config import OwnerBudget
-from dpmarket.actors.ledger_store import StoreError, read_store
-from dpmarket.actors.owner_budget import BudgetDeclined, BudgetGate, OwnerGate
+from dpmarket.actors.budgets.gate import BudgetDeclined, BudgetGate, OwnerBudget, OwnerGate
+from dpmarket.actors.budgets.store import StoreError, read_store
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, MechanismEvent
 from dpmarket.protocol.securesum.spec import RoundSpec

@@ -15,12 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpmarket.actors.budget_config import OwnerBudget
+from dpmarket.actors.budgets.gate import BudgetGate, OwnerBudget, OwnerGate
+from dpmarket.actors.budgets.store import LedgerStore, StoreError
 from dpmarket.actors.commands.budget import budget_summary
 from dpmarket.actors.commands.main import main
-from dpmarket.actors.config import ConfigError, load_market_config
-from dpmarket.actors.ledger_store import LedgerStore, StoreError
-from dpmarket.actors.owner_budget import BudgetGate, OwnerGate
+from dpmarket.actors.config.market import ConfigError, load_market_config
 from dpmarket.protocol.privacy.blocks import Grouping
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, MechanismEvent
@@ -170,11 +169,18 @@ def test_a_schema_1_store_keeps_its_windows_and_counts_lost_groupings_against_ev
     store.close()
     counts = tmp_path / "c.sqlite"  # blocks of an unknown N: which records paid is lost
     _schema_1(counts, [("a", 0), ("a", 1), ("b", 3)], [])
-    store = LedgerStore(counts, "owner-1", RenyiFilter(2.0, DELTA))
-    assert len(store.history()) == 2  # each release once, paid by every record (over-count)
-    store.close()
+    with sqlite3.connect(counts) as conn:
+        conn.execute("INSERT INTO retired VALUES (3, 'old', 0.0)")
+    spent = RenyiFilter(2.0, DELTA).spent([EVENT] * 2)  # each release once, for every record
+    assert budget_summary(counts)["owners"]["owner-1"]["spent"] == pytest.approx(spent)  # as read
+    cap = spent * 1.0001  # what the two old releases spent is the whole cap
+    gate = _gate(counts, "run-2", cap, records=10)  # opening it migrates it
     with sqlite3.connect(counts) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == "2"
-    assert budget_summary(counts)["owners"]["owner-1"]["spent"] == pytest.approx(
-        RenyiFilter(2.0, DELTA).spent([EVENT] * 2)
-    )
+        assert conn.execute("SELECT COUNT(*) FROM retired").fetchone()[0] == 0
+    assert len(gate.store.history()) == 2
+    gate.arrived(0, 1500, 0.0)  # blocks of 10 from id 0: they pay the history too
+    assert not _round(gate, 1, 1500).any()  # nothing fits after what every record paid
+    assert gate.view()["spent"] <= cap
+    gate.store.close()
+    assert budget_summary(counts)["owners"]["owner-1"]["spent"] == pytest.approx(spent)

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpmarket.actors.budget_config import OwnerBudget
-from dpmarket.actors.config import ConfigError, load_market_config
-from dpmarket.actors.ledger_store import read_store
-from dpmarket.actors.owner_budget import BudgetGate, OwnerGate, gated_contribute
+from dpmarket.actors.budgets.gate import BudgetGate, OwnerBudget, OwnerGate
+from dpmarket.actors.budgets.store import read_store
+from dpmarket.actors.config.market import ConfigError, load_market_config
+from dpmarket.actors.parties.dcaowner import gated_contribute
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, MechanismEvent
 from dpmarket.protocol.securesum.spec import RoundSpec

@@ -1,4 +1,4 @@
-"""The curator's attacks on an owner's secure-sum trust anchors (actors/dcaowner.py).
+"""The curator's attacks on an owner's secure-sum trust anchors (actors/parties/dcaowner.py).
 
 The curator relays every secure-sum frame and holds every owner actor's handle, so it can call
 ``dca_setup`` with keys of its choosing, as often as it likes. These tests play that curator
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpmarket.actors.dcaowner import OperatorTrust, OwnerSecureSum
-from dpmarket.actors.owner import OwnerActor
+from dpmarket.actors.parties.dcaowner import OperatorTrust, OwnerSecureSum
+from dpmarket.actors.parties.owner import OwnerActor
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE
 from dpmarket.protocol.securesum.aggregator import Aggregator
 from dpmarket.protocol.securesum.client import NodeKeyMismatch

@@ -1,4 +1,5 @@
-"""Issue 6 evaluation (actors/evaluation.py, actors/utility.py, actors/commands/evaluate.py):
+"""Issue 6 evaluation (actors/harness/evaluation.py, actors/harness/utility.py,
+actors/commands/evaluate.py):
 scenarios, the recommended preset, rows and JSON."""
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ import numpy as np
 import pytest
 
 from dpmarket.actors.commands.evaluate import utility_json, utility_main, utility_table
-from dpmarket.actors.config import load_market_config
-from dpmarket.actors.evaluation import load_demo_config, paper_params
-from dpmarket.actors.randomness import NoiseSource
-from dpmarket.actors.runner import run_inprocess
-from dpmarket.actors.utility import (
+from dpmarket.actors.config.market import load_market_config
+from dpmarket.actors.harness.evaluation import load_demo_config, paper_params
+from dpmarket.actors.harness.inprocess import run_inprocess
+from dpmarket.actors.harness.utility import (
     evaluate_utility,
     mechanism_params,
     recommended_params,
     utility_scenario,
 )
+from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.summary.objective import greedy_exact, mmd2, uniform_sample
 from dpmarket.streams.synthetic import gaussian_mixture_shift
 

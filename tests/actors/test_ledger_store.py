@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.ledger_store import LedgerStore, StoreError, read_store
+from dpmarket.actors.budgets.store import LedgerStore, StoreError, read_store
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent, PrivacyLedger
 
@@ -59,7 +59,7 @@ def test_crash_between_write_and_send(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import os
-        from dpmarket.actors.ledger_store import LedgerStore
+        from dpmarket.actors.budgets.store import LedgerStore
         from dpmarket.protocol.privacy.filter import RenyiFilter
         from dpmarket.protocol.privacy.ledger import MechanismEvent
         store = LedgerStore({str(path)!r}, "owner-1", RenyiFilter(5.0, {DELTA}))

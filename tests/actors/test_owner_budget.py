@@ -7,13 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.budget_config import OwnerBudget
-from dpmarket.actors.budgets import reconcile
-from dpmarket.actors.config import ConfigError, load_market_config
-from dpmarket.actors.ledger_store import read_store
-from dpmarket.actors.owner_budget import ROUND_LABELS, BudgetDeclined, BudgetGate, OwnerGate
-from dpmarket.actors.refresh import REFRESH_LABEL
-from dpmarket.actors.securephase_journal import LABELS
+from dpmarket.actors.budgets.gate import (
+    ROUND_LABELS,
+    BudgetDeclined,
+    BudgetGate,
+    OwnerBudget,
+    OwnerGate,
+)
+from dpmarket.actors.budgets.store import read_store
+from dpmarket.actors.config.market import ConfigError, load_market_config
+from dpmarket.actors.parties.refresh import REFRESH_LABEL
+from dpmarket.actors.parties.securephase_journal import LABELS
+from dpmarket.actors.run.budgets import reconcile
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, MechanismEvent, PrivacyLedger
 from dpmarket.protocol.securesum.spec import RoundSpec
 
@@ -190,7 +195,7 @@ def test_a_declined_round_that_released_is_covered(tmp_path: Path) -> None:
 
 
 def test_an_existing_store_of_another_owner_is_refused_at_load(tmp_path: Path) -> None:
-    from dpmarket.actors.ledger_store import LedgerStore
+    from dpmarket.actors.budgets.store import LedgerStore
     from dpmarket.protocol.privacy.filter import RenyiFilter
 
     (tmp_path / "stores").mkdir()
@@ -229,7 +234,7 @@ def test_consumer_budget_config(tmp_path: Path) -> None:
 
 
 def test_consumer_pays_each_purchase_once_and_is_refused_beyond_its_cap(tmp_path: Path) -> None:
-    from dpmarket.actors.budgets import budget_report, consumer_refusal
+    from dpmarket.actors.run.budgets import budget_report, consumer_refusal
     from dpmarket.protocol.summary.snr import planned_validation_ledger
 
     path = _config(

@@ -1,4 +1,4 @@
-"""A curious relay against an owner's persistent budget (actors/owner_budget.py).
+"""A curious relay against an owner's persistent budget (actors/budgets/gate.py).
 
 The curator relays every secure-sum frame and holds the owner actor's handle, so it can call
 ``dca_contribute`` with any round it likes. These tests play that relay with what it has (the
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.budget_config import OwnerBudget
-from dpmarket.actors.ledger_store import read_store
-from dpmarket.actors.owner_budget import BudgetDeclined, BudgetGate, OwnerGate, gated_contribute
+from dpmarket.actors.budgets.gate import BudgetDeclined, BudgetGate, OwnerBudget, OwnerGate
+from dpmarket.actors.budgets.store import read_store
+from dpmarket.actors.parties.dcaowner import gated_contribute
 from tests.actors.test_dcaowner import SKETCH, _records, _session, _set_up
 
 

@@ -1,4 +1,4 @@
-"""The parsimony evaluation (actors/parsimony.py) and ``[summary].allocate`` in a config."""
+"""The parsimony evaluation (actors/harness/parsimony.py) and ``[summary].allocate`` in a config."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.config import ConfigError, load_market_config
-from dpmarket.actors.parsimony import budget_of, evaluate_parsimony
+from dpmarket.actors.config.market import ConfigError, load_market_config
+from dpmarket.actors.harness.parsimony import budget_of, evaluate_parsimony
 from dpmarket.actors.randomness import NoiseSource
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,9 +89,9 @@ def test_report_json_and_the_cli_print_points_accessed_against_the_budget(
     import numpy as np
 
     from dpmarket.actors.commands.market import print_report
-    from dpmarket.actors.curator import result_payload
-    from dpmarket.actors.report import write_outputs
-    from dpmarket.actors.transport import LoopbackTransport
+    from dpmarket.actors.parties.curator import result_payload
+    from dpmarket.actors.parties.transport import LoopbackTransport
+    from dpmarket.actors.run.report import write_outputs
     from dpmarket.protocol.summary.curator import Curator
     from dpmarket.protocol.summary.owner import Owner
     from tests.small import small_params, small_scenario

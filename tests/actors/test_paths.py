@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.config import load_market_config
-from dpmarket.actors.ingest import file_inputs
-from dpmarket.actors.validate import check_inputs, data_path, resolve_out
+from dpmarket.actors.config.market import load_market_config
+from dpmarket.actors.config.validate import check_inputs, data_path, resolve_out
+from dpmarket.actors.run.ingest import file_inputs
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "configs"
 

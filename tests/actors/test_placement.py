@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.config import ConfigError, load_market_config
-from dpmarket.actors.placement import Placement, parse_placements, require_placeable
+from dpmarket.actors.cluster.placement import require_placeable
+from dpmarket.actors.config.market import ConfigError, load_market_config
+from dpmarket.actors.config.placement import Placement, parse_placements
 
 OWNERS = ("owner-1", "owner-2", "owner-3")
 

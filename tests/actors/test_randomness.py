@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpmarket.actors.config import ConfigError, MarketConfig, load_market_config
+from dpmarket.actors.config.market import ConfigError, MarketConfig, load_market_config
 from dpmarket.actors.randomness import NoiseSource, public_generator
 from dpmarket.protocol.summary.curator import Curator
 from dpmarket.protocol.summary.h1 import RandomFourierFeatures

@@ -1,4 +1,5 @@
-"""A curator refusal stops a refresh round in flight (actors/refresh.py, actors/transport.py).
+"""A curator refusal stops a refresh round in flight (actors/parties/refresh.py,
+actors/parties/transport.py).
 
 The refresh round runs through the real DcaHub, compute-node parties, clients and codec; only
 Ray is replaced by fake handles whose calls are coroutines (as in test_transport.py). The
@@ -20,10 +21,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpmarket.actors.dca import DcaHub
-from dpmarket.actors.refresh import REFRESH_LABEL, PoolRefresher, finish_refresh
-from dpmarket.actors.securephase_journal import charge_lost_refreshes
-from dpmarket.actors.transport import RayTransport
+from dpmarket.actors.parties.dca import DcaHub
+from dpmarket.actors.parties.refresh import REFRESH_LABEL, PoolRefresher, finish_refresh
+from dpmarket.actors.parties.securephase_journal import charge_lost_refreshes
+from dpmarket.actors.parties.transport import RayTransport
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
 from dpmarket.protocol.securesum.client import Client
 from dpmarket.protocol.securesum.node import ComputeNode
@@ -45,7 +46,7 @@ def _remote(fn: Any) -> SimpleNamespace:
 
 
 class _Node:
-    """A compute-node handle: decode, call the party, encode (as actors/compute.py)."""
+    """A compute-node handle: decode, call the party, encode (as actors/parties/compute.py)."""
 
     def __init__(self, config: DcaConfig, name: str) -> None:
         self.node, self.guard = ComputeNode(config, name), ReplayGuard()

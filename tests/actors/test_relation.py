@@ -2,7 +2,7 @@
 
 A whole market in one process, as a deployed run charges it: the operator's round plan
 (``prepare_secure``), the normalise and scan secure sums through the real client, node and
-aggregator parties (``DcaSession``, as actors/study_trial.py), each owner's persistent store
+aggregator parties (``DcaSession``, as actors/studies/trial.py), each owner's persistent store
 charged by its gate before it contributes (``OwnerGate``, as ``gated_contribute``) and for the
 summary plan before its first answer, then the summary on a LoopbackTransport; for
 allocate-select (``max_points`` set) and for herding-select. Every event of every party, in the
@@ -21,17 +21,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpmarket.actors.budgets import owner_gates, reconcile
-from dpmarket.actors.config import ConfigError, load_market_config
-from dpmarket.actors.dca import record_for_owners
-from dpmarket.actors.dcaowner import contribution
-from dpmarket.actors.ledger_store import read_store
-from dpmarket.actors.owner_budget import OwnerGate, session_id
-from dpmarket.actors.phases import prepare_secure
-from dpmarket.actors.runner import OwnerInputs
-from dpmarket.actors.scenarios import make_market_scenario
-from dpmarket.actors.securephase_journal import LABELS
-from dpmarket.actors.transport import LoopbackTransport
+from dpmarket.actors.budgets.gate import OwnerGate, session_id
+from dpmarket.actors.budgets.store import read_store
+from dpmarket.actors.config.market import ConfigError, load_market_config
+from dpmarket.actors.config.scenarios import make_market_scenario
+from dpmarket.actors.parties.dca import record_for_owners
+from dpmarket.actors.parties.dcaowner import contribution
+from dpmarket.actors.parties.securephase_journal import LABELS
+from dpmarket.actors.parties.transport import LoopbackTransport
+from dpmarket.actors.run.budgets import owner_gates, reconcile
+from dpmarket.actors.run.phases import prepare_secure
+from dpmarket.actors.run.spawn import OwnerInputs
 from dpmarket.protocol.privacy.ledger import REPLACE_ONE_RECORD, MechanismEvent, PrivacyLedger
 from dpmarket.protocol.securesum.driver import DcaSession
 from dpmarket.protocol.summary.curator import Curator

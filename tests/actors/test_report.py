@@ -1,4 +1,5 @@
-"""What leaves the curator (actors/report.py): a public report.json that may be handed to owners,
+"""What leaves the curator (actors/run/report.py): a public report.json that may be handed to
+owners,
 and the consumer's report.private.json with everything computed from the validation set."""
 
 from __future__ import annotations
@@ -12,13 +13,25 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpmarket.actors import report as report_module
-from dpmarket.actors.budget_config import OwnerBudget
-from dpmarket.actors.budgets import reconcile
+from dpmarket.actors.budgets.gate import BudgetGate, OwnerBudget, OwnerGate
 from dpmarket.actors.commands.market import print_report as _print_report
-from dpmarket.actors.curator import result_payload
-from dpmarket.actors.owner_budget import BudgetGate, OwnerGate
-from dpmarket.actors.report import (
+from dpmarket.actors.parties.curator import result_payload
+from dpmarket.actors.parties.securephase_journal import (
+    coverage_of as _coverage,
+)
+from dpmarket.actors.parties.securephase_journal import (
+    moments_summary as _moments_summary,
+)
+from dpmarket.actors.parties.securephase_journal import (
+    pool_release as _pool_release,
+)
+from dpmarket.actors.parties.securephase_journal import (
+    scan_summary as _scan_summary,
+)
+from dpmarket.actors.parties.transport import FaultPlan, LoopbackTransport
+from dpmarket.actors.run import report as report_module
+from dpmarket.actors.run.budgets import reconcile
+from dpmarket.actors.run.report import (
     CONSUMER_FIELDS,
     CONSUMER_REPORT,
     PUBLIC_FIELDS,
@@ -30,19 +43,6 @@ from dpmarket.actors.report import (
     split_secure_phases,
     write_outputs,
 )
-from dpmarket.actors.securephase_journal import (
-    coverage_of as _coverage,
-)
-from dpmarket.actors.securephase_journal import (
-    moments_summary as _moments_summary,
-)
-from dpmarket.actors.securephase_journal import (
-    pool_release as _pool_release,
-)
-from dpmarket.actors.securephase_journal import (
-    scan_summary as _scan_summary,
-)
-from dpmarket.actors.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import REPLACE_ONE_RECORD
 from dpmarket.protocol.securesum.spec import RoundResult
@@ -128,7 +128,7 @@ def _payload(
         o.name: {"records": o.n_records, "asks": o.asks, "epochs_seen": o.epochs_seen}
         for o in parties
     }
-    if gated is not None:  # as actors/budgets.py's budget_report builds it from the actors
+    if gated is not None:  # as actors/run/budgets.py's budget_report builds it from the actors
         views = {name: gate.view() for name, gate in gated["gates"].items()}
         payload["budgets"] = reconcile(payload["ledgers"], views)
     return payload
@@ -257,7 +257,7 @@ def test_cli_prints_the_public_report_and_the_consumers_utility(
 
 # ------------------------------------------------------------------ counts (issue 24)
 class _GatedOwner:
-    """An owner party behind its budget gate, as the owner actor runs it (actors/owner.py):
+    """An owner party behind its budget gate, as the owner actor runs it (actors/parties/owner.py):
     before every frame the gate charges the summary plan to blocks that have not paid it and
     the records of blocks that cannot pay are retired (never bid)."""
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpmarket.actors.budget_config import OwnerBudget
-from dpmarket.actors.config import ConfigError, load_market_config
-from dpmarket.actors.requests import Request, request_config
+from dpmarket.actors.budgets.gate import OwnerBudget
+from dpmarket.actors.config.market import ConfigError, load_market_config
+from dpmarket.actors.config.requests import Request
 from dpmarket.protocol.summary.owner import Owner
 
 HEAD = """
@@ -68,7 +68,7 @@ def test_requests_parse_with_their_defaults(tmp_path: Path) -> None:
     assert bob.summary_size == 5 and bob.summary == {"d": 64}
     assert bob.consumer == OwnerBudget(str(tmp_path / "stores" / "consumer-bob.sqlite"), 4.0, 1e-6)
     # each request's config: its run name, files, p, summary and consumer; owners unchanged
-    a, b = (request_config(config, r) for r in config.requests)
+    a, b = (config.for_request(r) for r in config.requests)
     assert (a.name, b.name) == ("m.alice", "m.bob")
     assert a.data["validation"] == str(tmp_path / "v1.csv")
     assert a.data["seed_set"] == b.data["seed_set"] == "seed.csv"
@@ -98,7 +98,7 @@ def test_without_requests_nothing_changes(tmp_path: Path) -> None:
 def test_market_validation_is_the_default_for_requests(tmp_path: Path) -> None:
     head = HEAD.replace('seed_set = "seed.csv"', 'seed_set = "seed.csv"\nvalidation = "v2.csv"')
     config = load_market_config(_config(tmp_path, '[[requests]]\nname = "a"\n', head))
-    assert request_config(config, config.requests[0]).data["validation"] == "v2.csv"
+    assert config.for_request(config.requests[0]).data["validation"] == "v2.csv"
 
 
 def test_reproducible_requests_draw_distinct_noise(tmp_path: Path) -> None:
@@ -106,11 +106,11 @@ def test_reproducible_requests_draw_distinct_noise(tmp_path: Path) -> None:
     head = demo.replace("[run]\n", "[run]\nreproducible_noise = true\nnoise_seed = 4\n")
     text = '[[requests]]\nname = "a"\n[[requests]]\nname = "b"\n'
     config = load_market_config(_config(tmp_path, text, head))
-    a, b = (request_config(config, r) for r in config.requests)
+    a, b = (config.for_request(r) for r in config.requests)
     assert a.noise_seed != b.noise_seed
     draw = [c.noise.generator("curator").standard_normal(3) for c in (a, b)]
     assert not np.allclose(draw[0], draw[1])
-    again = request_config(config, config.requests[0]).noise.generator("curator")
+    again = config.for_request(config.requests[0]).noise.generator("curator")
     assert np.allclose(draw[0], again.standard_normal(3))  # the request's own stream, fixed
 
 
@@ -196,8 +196,8 @@ def test_validate_checks_every_requests_files(
 
 
 def test_budget_lists_a_requests_own_consumer_store_by_its_file(tmp_path: Path) -> None:
+    from dpmarket.actors.budgets.store import LedgerStore
     from dpmarket.actors.commands.budget import budget_summary
-    from dpmarket.actors.ledger_store import LedgerStore
     from dpmarket.protocol.privacy.filter import RenyiFilter
     from dpmarket.protocol.privacy.ledger import MechanismEvent
 
@@ -233,6 +233,6 @@ def test_a_request_budget_with_blocks_is_refused_naming_the_request(tmp_path: Pa
         load_market_config(_config(tmp_path, budget, head))
     kept = alice + "summary = {max_points = 12, allocate = false}\n"
     config = load_market_config(_config(tmp_path, kept, head))
-    params = request_config(config, config.requests[0]).curator_params(gamma=1.0, m=2)
+    params = config.for_request(config.requests[0]).curator_params(gamma=1.0, m=2)
     assert not params.allocate and params.max_points == 12  # herding-select under the budget
     assert load_market_config(_config(tmp_path, alice, head)).requests[0].name == "alice"

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpmarket.actors.config import ConfigError, FaultConfig, load_market_config
-from dpmarket.actors.faults import fault_verdicts
-from dpmarket.actors.placement import Placement
-from dpmarket.actors.refresh import PoolRefresher
-from dpmarket.actors.runner import owner_groups
-from dpmarket.actors.transport import FaultPlan
+from dpmarket.actors.config.market import ConfigError, FaultConfig, load_market_config
+from dpmarket.actors.config.placement import Placement
+from dpmarket.actors.parties.faults import fault_verdicts
+from dpmarket.actors.parties.refresh import PoolRefresher
+from dpmarket.actors.parties.transport import FaultPlan
+from dpmarket.actors.run.spawn import owner_groups
 from dpmarket.protocol.securesum.spec import RoundResult
 
 NAMES = [f"owner-{i}" for i in range(1, 8)]

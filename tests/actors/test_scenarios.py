@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
-from dpmarket.actors.scenarios import DIGIT_GROUPS, digits_rows, digits_split
+from dpmarket.actors.config.digits import DIGIT_GROUPS, digits_rows, digits_split
 from dpmarket.protocol.summary.objective import greedy_exact, mmd2, uniform_sample
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift, median_heuristic_gamma
 

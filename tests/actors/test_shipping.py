@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.config import ConfigError
-from dpmarket.actors.shipping import (
+from dpmarket.actors.cluster.shipping import (
     build_package,
     code_identity,
     connect_runtime_env,
     require_same_code,
 )
+from dpmarket.actors.config.market import ConfigError
 
 
 def test_the_built_package_imports_as_dpmarket_with_the_drivers_identity(tmp_path: Path) -> None:
@@ -24,7 +24,7 @@ def test_the_built_package_imports_as_dpmarket_with_the_drivers_identity(tmp_pat
     assert (package / "actors" / "shipping.py").is_file()
     assert not list(package.rglob("__pycache__"))
     probe = (
-        "import json; from dpmarket.actors.shipping import code_identity as c; "
+        "import json; from dpmarket.actors.cluster.shipping import code_identity as c; "
         "print(json.dumps(c()))"
     )
     done = subprocess.run(

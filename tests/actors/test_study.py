@@ -11,11 +11,12 @@ import pytest
 from scipy.stats import binom
 
 from dpmarket.actors.commands.main import main
-from dpmarket.actors.config import ConfigError
-from dpmarket.actors.study_config import Cell, is_study_file, load_study
-from dpmarket.actors.study_report import clopper_pearson, summarise, wilson
-from dpmarket.actors.study_run import RESULTS_FILE, read_results, run_study
-from dpmarket.actors.study_trial import draw_faults
+from dpmarket.actors.config.market import ConfigError
+from dpmarket.actors.studies.config import Cell, is_study_file, load_study
+from dpmarket.actors.studies.intervals import clopper_pearson, wilson
+from dpmarket.actors.studies.report import summarise
+from dpmarket.actors.studies.run import RESULTS_FILE, read_results, run_study
+from dpmarket.actors.studies.trial import draw_faults
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = (
@@ -155,9 +156,9 @@ def test_coalition_sees_the_honest_included_noise_less_one() -> None:
     """A secure sum protects an honest owner against the coalition with the noise of the
     honest owners it included, less one (Theorem 1): exactly the plan's sigma when lost +
     colluding = T, more (a smaller epsilon) when fewer, none (infinite) when only one is left."""
-    from dpmarket.actors.config import MarketConfig
-    from dpmarket.actors.securephase_journal import LABELS
-    from dpmarket.actors.study_trial import FaultDraw, _coalition_ledger, _Secure
+    from dpmarket.actors.config.market import MarketConfig
+    from dpmarket.actors.parties.securephase_journal import LABELS
+    from dpmarket.actors.studies.trial import FaultDraw, _coalition_ledger, _Secure
     from dpmarket.protocol.privacy.ledger import PrivacyLedger
     from dpmarket.protocol.securesum.spec import RoundResult
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import ray.exceptions as rex
 
-from dpmarket.actors.survivors import ask_owners, owner_reports
+from dpmarket.actors.run.survivors import ask_owners, owner_reports
 
 
 class _Ref:

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import ray.exceptions
 
-from dpmarket.actors.owner import handle_frames
-from dpmarket.actors.runner import run_inprocess
-from dpmarket.actors.transport import RayTransport
+from dpmarket.actors.harness.inprocess import run_inprocess
+from dpmarket.actors.parties.owner import handle_frames
+from dpmarket.actors.parties.transport import RayTransport
 from dpmarket.protocol.summary.curator import Curator, CuratorParams
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.wire.codec import ReplayGuard

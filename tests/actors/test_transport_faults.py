@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from dpmarket.actors.transport import MAX_FAULTS, LoopbackTransport
+from dpmarket.actors.parties.transport import MAX_FAULTS, LoopbackTransport
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.wire.codec import Message, encode
 from tests.small import small_curator, small_params, small_scenario

@@ -11,7 +11,7 @@ import pytest
 def ray_local() -> Iterator[None]:
     import ray
 
-    from dpmarket.actors.cluster import connect
+    from dpmarket.actors.cluster.connect import connect
 
     connect(num_cpus=2)
     yield

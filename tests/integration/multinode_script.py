@@ -9,9 +9,9 @@ import time
 import ray
 from ray.cluster_utils import Cluster
 
-from dpmarket.actors.placement import Placement
+from dpmarket.actors.config.placement import Placement
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.actors.runner import spawn_market
+from dpmarket.actors.run.spawn import spawn_market
 from tests.small import small_params, small_scenario
 
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from dpmarket.actors.config import load_market_config
-from dpmarket.actors.phases import _spawn_nodes, prepare_secure
+from dpmarket.actors.config.market import load_market_config
+from dpmarket.actors.parties.transport import FaultPlan
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.actors.runner import OwnerInputs, spawn_market
-from dpmarket.actors.transport import FaultPlan
+from dpmarket.actors.run.phases import _spawn_nodes, prepare_secure
+from dpmarket.actors.run.spawn import OwnerInputs, spawn_market
 from tests.small import small_params, small_scenario
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

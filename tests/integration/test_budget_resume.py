@@ -1,6 +1,6 @@
 """A driver SIGKILLed mid-run with owners' persistent budgets: ``dpmarket resume`` finishes and
 every release is charged to each owner's store exactly once (the resumed run continues the
-same ledger run, so replayed release ids charge nothing; actors/budgets.py)."""
+same ledger run, so replayed release ids charge nothing; actors/run/budgets.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from dpmarket.actors.budgets.store import StoreError, read_store
 from dpmarket.actors.commands.main import main
-from dpmarket.actors.ledger_store import StoreError, read_store
 from tests.integration.test_market import ROOT, SMALL
 from tests.integration.test_secure_resume import _journal, _started_by
 

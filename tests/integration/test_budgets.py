@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from dpmarket.actors.budgets.store import read_store
 from dpmarket.actors.commands.main import main
-from dpmarket.actors.ledger_store import read_store
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
@@ -81,7 +81,7 @@ def test_a_consumer_over_its_cap_is_refused_before_anything_runs(tmp_path: Path)
     """The consumer's store already holds a charge of about 4.1 by the filter; with a cap of 5
     it does not admit the demo's validation release (4.14 alone): exit 3, no report, no owner
     store touched."""
-    from dpmarket.actors.ledger_store import LedgerStore
+    from dpmarket.actors.budgets.store import LedgerStore
     from dpmarket.protocol.privacy.filter import RenyiFilter
     from dpmarket.protocol.privacy.ledger import MechanismEvent
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dpmarket.actors.commands.main import main
-from dpmarket.actors.curator import read_pool_rows
+from dpmarket.actors.parties.curator import read_pool_rows
 from dpmarket.protocol.privacy.ledger import REPLACE_ONE_RECORD
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

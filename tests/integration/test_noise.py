@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from dpmarket.actors.commands.main import main
-from dpmarket.actors.config import MarketConfig, load_market_config
-from dpmarket.actors.market import make_market_scenario
+from dpmarket.actors.config.market import MarketConfig, load_market_config
 from dpmarket.actors.randomness import NoiseSource
+from dpmarket.actors.run.market import make_market_scenario
 from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.releases import clip_rows
 

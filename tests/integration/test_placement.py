@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from dpmarket.actors.cluster.placement import preflight_owners
 from dpmarket.actors.commands.main import main
-from dpmarket.actors.config import ConfigError
-from dpmarket.actors.placement import Placement, preflight_owners
+from dpmarket.actors.config.market import ConfigError
+from dpmarket.actors.config.placement import Placement
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.actors.runner import spawn_market, unique_actors
-from dpmarket.actors.survivors import owner_reports
+from dpmarket.actors.run.spawn import spawn_market, unique_actors
+from dpmarket.actors.run.survivors import owner_reports
 from tests.small import small_params, small_scenario
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -29,7 +30,7 @@ def two_sites() -> Iterator[dict[str, str]]:
     import ray
     from ray.cluster_utils import Cluster
 
-    from dpmarket.actors.cluster import connect
+    from dpmarket.actors.cluster.connect import connect
 
     was_connected = ray.is_initialized()
     ray.shutdown()
@@ -159,7 +160,7 @@ def test_a_placed_files_market_runs_and_a_missing_file_on_its_node_exits_2(
 def test_actors_run_the_shipped_code_and_a_different_one_is_refused_by_name(
     two_sites: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dpmarket.actors import shipping
+    from dpmarket.actors.cluster import shipping
 
     scenario = small_scenario(8, n_points=200)
     market = spawn_market(

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dpmarket.actors.harness.inprocess import run_inprocess
+from dpmarket.actors.parties.transport import FaultPlan
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.actors.runner import run_inprocess, run_ray
-from dpmarket.actors.transport import FaultPlan
+from dpmarket.actors.run.spawn import run_ray
 from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.streams.synthetic import Scenario
 from tests.small import small_params, small_scenario

@@ -33,7 +33,7 @@ SITES = {"owner-1": "site_a", "owner-2": "site_a", "owner-3": "site_b", "owner-4
 def raylets(tmp_path: Path) -> Iterator[RayletCluster]:
     import ray
 
-    from dpmarket.actors.cluster import connect
+    from dpmarket.actors.cluster.connect import connect
 
     was_connected = ray.is_initialized()
     ray.shutdown()
@@ -102,7 +102,8 @@ def _submit(cluster: RayletCluster, root: Path, sid: str, *command: str) -> subp
     """``ray job submit`` as README "Deploying" writes it: the shipped package, the config dir."""
     ship = root / "ship"
     if not ship.exists():
-        subprocess.run([sys.executable, "-m", "dpmarket.actors.shipping", str(ship)], check=True)
+        shipping = [sys.executable, "-m", "dpmarket.actors.cluster.shipping", str(ship)]
+        subprocess.run(shipping, check=True)
     return subprocess.Popen(
         [RAY, "job", "submit", "--address", cluster.dashboard, "--submission-id", sid,
          "--working-dir", str(root / "job"),

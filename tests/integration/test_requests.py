@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dpmarket.actors.budgets.store import read_store
 from dpmarket.actors.commands.main import main
-from dpmarket.actors.ledger_store import read_store
 from dpmarket.streams.synthetic import gaussian_mixture_shift
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

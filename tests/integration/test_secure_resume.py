@@ -1,5 +1,6 @@
 """A crash during the secure-sum phases: the journal exists from the first round, resume
-completes, and every secure-sum event is charged exactly once (actors/securephase_journal.py)."""
+completes, and every secure-sum event is charged exactly once
+(actors/parties/securephase_journal.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from dpmarket.actors import market as market_module
 from dpmarket.actors.commands.main import main
+from dpmarket.actors.run import market as market_module
 from tests.integration.test_market import ROOT, SMALL
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

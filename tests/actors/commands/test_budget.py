@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from dpmarket.actors.budgets.store import LedgerStore
 from dpmarket.actors.commands.main import main
-from dpmarket.actors.ledger_store import LedgerStore
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent
 

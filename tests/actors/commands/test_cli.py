@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from dpmarket.actors.commands.main import main
-from dpmarket.actors.config import ConfigError
-from dpmarket.actors.evaluation import load_demo_config
+from dpmarket.actors.config.market import ConfigError
+from dpmarket.actors.harness.evaluation import load_demo_config
 from dpmarket.protocol.summary.curator import CuratorParams
 
 ROOT = Path(__file__).resolve().parents[3]

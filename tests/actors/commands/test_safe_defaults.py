@@ -11,8 +11,8 @@ import pytest
 
 from dpmarket.actors.commands.main import main
 from dpmarket.actors.commands.market import print_report
-from dpmarket.actors.config import load_market_config
-from dpmarket.actors.report import privacy_section
+from dpmarket.actors.config.market import load_market_config
+from dpmarket.actors.run.report import privacy_section
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.summary.plan import plan_releases
 
@@ -92,8 +92,8 @@ def test_the_default_mechanism_does_not_warn(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from dpmarket.actors.commands.market import _check_plan
-    from dpmarket.actors.market import market_inputs
-    from dpmarket.actors.preflight import plan_run
+    from dpmarket.actors.run.market import market_inputs
+    from dpmarket.actors.run.preflight import plan_run
 
     config = load_market_config(_without_summary(tmp_path))
     inputs = market_inputs(config, tmp_path, {}, tmp_path / "attempt-0")

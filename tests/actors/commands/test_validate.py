@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from dpmarket.actors.commands.main import main
-from dpmarket.actors.config import ConfigError
-from dpmarket.actors.ingest import follow_ingest
+from dpmarket.actors.config.market import ConfigError
+from dpmarket.actors.run.ingest import follow_ingest
 
 ROOT = Path(__file__).resolve().parents[3]
 ROWS = "".join(f"{0.1 * i:.1f},{1 - 0.1 * i:.1f},{i % 2}\n" for i in range(8))
@@ -105,7 +105,7 @@ def test_a_missing_owner_file_fails_before_ray_naming_owner_and_path(
     def no_ray(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("Ray must not start for a market whose inputs are missing")
 
-    monkeypatch.setattr("dpmarket.actors.market.connect", no_ray)
+    monkeypatch.setattr("dpmarket.actors.run.market.connect", no_ray)
     config = _market(tmp_path)
     missing = tmp_path / "d" / "owner-2.csv"
     missing.unlink()

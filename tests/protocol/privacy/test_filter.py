@@ -155,3 +155,24 @@ def test_privacy_loss_tail_is_below_delta_under_adaptive_choice() -> None:
     tail = _privacy_loss_tail(True, cap, delta, paths)
     assert tail <= delta  # binomial sd at 0.05 and 40k paths is 0.001; the bound is loose
     assert _privacy_loss_tail(False, cap, delta, paths) > 10 * delta
+
+
+def test_a_store_mixing_relations_composes_under_replace_one() -> None:
+    """Issue 24 review: a store kept across the change to one relation per run holds add/remove
+    secure sums beside replace-one ones. Composed together, each add/remove event counts as a
+    removal and an addition (its sensitivity doubled): never less than the replace-one truth."""
+    from dpmarket.protocol.privacy.ledger import ADD_REMOVE, REPLACE_ONE_RECORD
+
+    def gauss(sens: float, relation: str) -> MechanismEvent:
+        return MechanismEvent("gaussian", (("sigma", 4.0),), sens, neighbouring=relation)
+
+    f = RenyiFilter(10.0, 1e-5)
+    old, new = gauss(1.0, ADD_REMOVE), gauss(1.0, REPLACE_ONE_RECORD)
+    assert f.spent([old, new]) == pytest.approx(f.spent([gauss(2.0, REPLACE_ONE_RECORD), new]))
+    assert f.spent([old, new]) > f.spent([gauss(1.0, REPLACE_ONE_RECORD), new])
+    assert f.spent([old, old]) == pytest.approx(f.spent([new, new]))  # one relation: as it is
+    pure = MechanismEvent("approx_dp", (("epsilon", 0.3), ("delta", 0.0)), 1.0,
+                          neighbouring=ADD_REMOVE)  # fmt: skip
+    doubled = MechanismEvent("approx_dp", (("epsilon", 0.6), ("delta", 0.0)), 1.0,
+                             neighbouring=REPLACE_ONE_RECORD)  # fmt: skip
+    assert f.spent([pure, new]) == pytest.approx(f.spent([doubled, new]))

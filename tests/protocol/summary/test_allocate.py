@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dpmarket.actors.transport import LoopbackTransport
+from dpmarket.actors.parties.transport import LoopbackTransport
 from dpmarket.protocol.summary.allocate import (
     ProfileFrame,
     mixing_weights,
@@ -185,7 +185,7 @@ def test_a_curious_owner_sees_another_owner_only_through_its_profile(
 ) -> None:
     """Adversary view: owner A records every frame it receives. Owner B's records change
     while B's released profile is held fixed; A's frames and ledger stay byte-identical."""
-    from dpmarket.actors.transport import FaultPlan
+    from dpmarket.actors.parties.transport import FaultPlan
     from dpmarket.protocol.wire.codec import Message, encode
 
     base = small_params(

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dpmarket.actors.transport import LoopbackTransport
+from dpmarket.actors.parties.transport import LoopbackTransport
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.summary.allocate import plan_allocation
 from dpmarket.protocol.summary.allocate_rank import (
@@ -268,3 +268,29 @@ def test_an_owner_refuses_a_histogram_below_the_floor_or_with_bad_edges(
         with pytest.raises(RemoteProtocolError):
             owner._release_profile(body)
         assert owner._profile is None and rng.bit_generator.state == state
+
+
+def test_an_owners_histogram_never_reads_its_retired_records(scenario: Scenario) -> None:
+    """Issue 24 review: records whose budget block is spent are retired (Owner.retire) and no
+    release may read them, the histogram included: it counts live records only and sends
+    their number. Same noise draws, 40 records of which 30 retired: the release is the one of
+    the 10 live records alone."""
+    X, y = scenario.owners[0]
+    X, y = X[:40], y[:40]
+    d = small_params(scenario).d
+    u, c = _direction(d=d, seed=8)
+    H = np.random.default_rng(5).normal(size=(d, 40)).astype(np.float32)
+    edges = np.array([-1.0, 0.0, 1.0])
+    releases = []
+    for retired, records in ((np.arange(40) >= 10, 40), (None, 10)):
+        owner = Owner("owner-1", RUN, X[:records], y[:records], rng=np.random.default_rng(9),
+                      profile_floor=1.0)  # fmt: skip
+        owner._store.HT = H[:, :records]
+        owner._setup = type("S", (), {"d": d})()  # type: ignore[assignment]
+        if retired is not None:
+            owner.retire(retired)
+        body = EpochBody(np.zeros(d), 0, profile_sigma=1.0, profile_clip=1.0,
+                         profile_basis=u, profile_center=c, profile_edges=edges)  # fmt: skip
+        releases.append(owner._release_profile(body))
+    assert releases[0].records == releases[1].records == 10
+    np.testing.assert_array_equal(releases[0].mean, releases[1].mean)

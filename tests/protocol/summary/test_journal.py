@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from dpmarket.actors.transport import FaultPlan, LoopbackTransport
+from dpmarket.actors.parties.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.summary.curator import Curator, CuratorParams
 from dpmarket.protocol.summary.journal import restore_curator, snapshot_curator
 from dpmarket.protocol.summary.owner import Owner

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from dpmarket.actors.transport import FaultPlan, LoopbackTransport
+from dpmarket.actors.parties.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.summary.allocate import plan_allocation
 from dpmarket.protocol.summary.curator import Curator, CuratorParams
 from dpmarket.protocol.summary.journal import restore_curator, snapshot_curator

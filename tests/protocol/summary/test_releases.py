@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from dp_accounting import gaussian_mechanism
 
-from dpmarket.actors.runner import run_inprocess
+from dpmarket.actors.harness.inprocess import run_inprocess
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, REPLACE_ONE_RECORD, PrivacyLedger
 from dpmarket.protocol.summary.channels import (
     GaussianChannel,

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from dpmarket.actors.dcaowner import contribution
+from dpmarket.actors.parties.dcaowner import contribution
 from dpmarket.protocol.securesum.spec import RoundSpec
 from dpmarket.protocol.summary.snr import moments_sensitivity, sketch_sensitivity
 from dpmarket.streams.race.lsh import make_family

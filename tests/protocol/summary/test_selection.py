@@ -14,11 +14,16 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpmarket.actors.config import ConfigError
-from dpmarket.actors.curator import append_pool_rows, pool_file, read_pool_rows, rewrite_pool_rows
-from dpmarket.actors.market import resume_market
-from dpmarket.actors.runner import run_inprocess
-from dpmarket.actors.transport import FaultPlan, LoopbackTransport
+from dpmarket.actors.config.market import ConfigError
+from dpmarket.actors.harness.inprocess import run_inprocess
+from dpmarket.actors.parties.curator import (
+    append_pool_rows,
+    pool_file,
+    read_pool_rows,
+    rewrite_pool_rows,
+)
+from dpmarket.actors.parties.transport import FaultPlan, LoopbackTransport
+from dpmarket.actors.run.market import resume_market
 from dpmarket.protocol.summary.curator import Curator, CuratorParams
 from dpmarket.protocol.summary.journal import pool_rows, restore_curator, snapshot_curator
 from dpmarket.protocol.summary.messages import EpochBody

@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dpmarket.actors.runner import run_inprocess
-from dpmarket.actors.transport import FaultPlan, LoopbackTransport
+from dpmarket.actors.harness.inprocess import run_inprocess
+from dpmarket.actors.parties.transport import FaultPlan, LoopbackTransport
 from dpmarket.protocol.summary.curator import Curator, CuratorParams
 from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.messages import (

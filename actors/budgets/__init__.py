@@ -1,0 +1,1 @@
+"""Persistent budgets on the owner's side: its ledger store and the gate that charges it."""

@@ -1,0 +1,1 @@
+"""Configuration: a run's TOML parsed and checked once, into immutable inputs."""

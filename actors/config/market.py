@@ -1,0 +1,281 @@
+"""Run configuration from TOML: what a scenario is and which protocol parameters to override.
+
+Unknown sections or keys are refused with a message that names them, so a typo never silently
+falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from dpmarket.actors.config import checks as checks
+from dpmarket.actors.config.budgets import (
+    BUDGET_PRIVACY_KEYS,
+    OWNER_BUDGET_KEYS,
+    check_allocate_blocks,
+    parse_budget_tables,
+)
+from dpmarket.actors.config.checks import ConfigError
+from dpmarket.actors.config.inputs import FaultConfig, MarketConfig
+from dpmarket.actors.config.placement import PLACEMENT_KEYS, parse_placements
+from dpmarket.actors.config.requests import parse_requests
+from dpmarket.protocol.securesum.spec import SHARE_MODES
+from dpmarket.protocol.summary.curator import CuratorParams
+from dpmarket.protocol.summary.params import ParamError
+
+__all__ = [
+    "ConfigError",
+    "FaultConfig",
+    "MarketConfig",
+    "check_keys",
+    "load_market_config",
+]
+
+_SCENARIOS = ("digits", "synthetic", "files")
+
+
+def check_keys(section: str, table: dict[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(f"[{section}]: unknown keys {unknown}; allowed: {sorted(allowed)}")
+
+
+# ------------------------------------------------------------------------ the market run
+_MARKET_SECTIONS = {
+    "run": {"name", "seed", "out", "deadline_seconds", "reproducible_noise", "noise_seed"},
+    "market": {
+        "owners",
+        "compute_nodes",
+        "tolerance",
+        "summary_size",
+        "owners_per_actor",
+        "dca_shares",
+    },
+    "data": {"source"} | set().union(*checks.SOURCE_KEYS.values()),
+    "privacy": {
+        "delta",
+        "eps_normalise",
+        "eps_scan",
+        "secure_phases",
+        "standardize",
+        "refresh_every",
+        "eps_refresh",
+    }
+    | BUDGET_PRIVACY_KEYS,
+    "sketch": {"rows", "width", "bandwidth"},
+    "summary": {f.name for f in dataclasses.fields(CuratorParams)}
+    - {"p", "gamma", "h1_seed", "phase_timeout", "max_lost", "known_colluders", "center", "scale"},
+    "faults": {"kill", "slow", "colluders", "kill_curator_at", "kill_compute"},
+}
+
+
+def _int(path: str, key: str, value: object, minimum: int) -> int:
+    return checks.integer(path, key, value, minimum)
+
+
+def _number(path: str, key: str, value: object, low: float, high: float) -> float:
+    return checks.number(path, key, value, low, high)
+
+
+def _choice(path: str, key: str, value: object, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(f"{path}: {key}: expected one of {list(allowed)}, got {value!r}")
+    return value
+
+
+def _faults(path: str, table: dict[str, Any], owners: tuple[str, ...]) -> FaultConfig:
+    kill = table.get("kill", {})
+    slow = table.get("slow", {})
+    colluders = table.get("colluders", [])
+    for key, mapping in (("kill", kill), ("slow", slow)):
+        if not isinstance(mapping, dict):
+            raise ConfigError(f"{path}: [faults].{key}: expected a table of owner = value")
+        unknown = sorted(set(mapping) - set(owners))
+        if unknown:
+            raise ConfigError(f"{path}: [faults].{key}: unknown owners {unknown}")
+    if not isinstance(colluders, list) or not set(colluders) <= set(owners):
+        raise ConfigError(f"{path}: [faults].colluders: expected a list of owner names")
+    at = table.get("kill_curator_at")
+    kill_compute = table.get("kill_compute", [])
+    if not isinstance(kill_compute, list) or not all(
+        isinstance(n, str) and n.startswith("compute-") for n in kill_compute
+    ):
+        raise ConfigError(f"{path}: [faults].kill_compute: expected names like 'compute-2'")
+    return FaultConfig(
+        kill={o: _int(path, f"[faults].kill.{o}", e, 1) for o, e in kill.items()},
+        slow={o: _number(path, f"[faults].slow.{o}", s, 0.0, 3600.0) for o, s in slow.items()},
+        colluders=tuple(colluders),
+        kill_curator_at=None if at is None else _int(path, "[faults].kill_curator_at", at, 1),
+        kill_compute=tuple(kill_compute),
+    )
+
+
+def load_market_config(path: str | Path, sets: list[str] | None = None) -> MarketConfig:
+    """Parse a market run TOML file; ``sets`` are ``section.key=value`` overrides (TOML values)."""
+    name = str(path)
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{name}:{line}: not UTF-8 text (byte "
+            f"{exc.start}: {exc.object[exc.start : exc.end]!r}); a TOML configuration must be UTF-8"
+        ) from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
+    for item in sets or []:
+        checks.apply_set(data, item)
+    check_keys(
+        f"{name}: top level", data, set(_MARKET_SECTIONS) | {"owners", "consumer", "requests"}
+    )
+    for section, allowed in _MARKET_SECTIONS.items():
+        if not isinstance(data.get(section, {}), dict):
+            raise ConfigError(f"{name}: [{section}]: expected a table, got {data[section]!r}")
+        check_keys(f"{name}: {section}", data.get(section, {}), allowed)
+    run, market = data.get("run", {}), data.get("market", {})
+    source = data.get("data", {}).get("source", "synthetic")
+    if source not in _SCENARIOS:
+        raise ConfigError(f"{name}: [data].source: {source!r} is not one of {list(_SCENARIOS)}")
+    K = _int(name, "[market].owners", market.get("owners", 5), 1)
+    T = _int(name, "[market].tolerance", market.get("tolerance", 1), 0)
+    checks.check_market(name, K, T)
+    checks.check_run(name, run)
+    owners = tuple(f"owner-{k + 1}" for k in range(K))
+    reproducible = run.get("reproducible_noise", False)
+    if not isinstance(reproducible, bool):
+        raise ConfigError(f"{name}: [run].reproducible_noise: expected true or false")
+    if reproducible and source == "files":
+        raise ConfigError(
+            f"{name}: [run].reproducible_noise: refused with [data].source = 'files' (noise "
+            "from a public seed would make every release of private data reversible)"
+        )
+    if "noise_seed" in run and not reproducible:
+        raise ConfigError(
+            f"{name}: [run].noise_seed: only meaningful with reproducible_noise = true "
+            "(the default draws noise from OS entropy)"
+        )
+    if source == "files" and data.get("summary", {}).get("neighbouring") == "add_remove":
+        raise ConfigError(
+            f"{name}: [summary].neighbouring: 'add_remove' refused with [data].source = 'files' "
+            "(m and q are published, so it would under-charge the releases of private data)"
+        )
+    _check_data(name, source, data.get("data", {}), owners, Path(path).parent, "requests" in data)
+    p = _int(name, "[market].summary_size", market.get("summary_size", 50), 1)
+    seed = _int(name, "[run].seed", run.get("seed", 0), 0)
+    checks.check_data_keys(name, source, data.get("data", {}), K, p, seed)
+    M = _int(name, "[market].compute_nodes", market.get("compute_nodes", 3), 1)
+    checks.check_faults(name, data.get("faults", {}), owners, M)
+    config = MarketConfig(
+        source=source,
+        name=str(run.get("name", Path(path).stem)),
+        seed=seed,
+        reproducible_noise=reproducible,
+        noise_seed=_int(name, "[run].noise_seed", run.get("noise_seed", 0), 0),
+        out=str(run.get("out", f"out/{Path(path).stem}")),
+        deadline_seconds=_number(
+            name, "[run].deadline_seconds", run.get("deadline_seconds", 5.0), 0.0, 3600.0
+        ),
+        owners=K,
+        compute_nodes=M,
+        owners_per_actor=_int(
+            name, "[market].owners_per_actor", market.get("owners_per_actor", 1), 1
+        ),
+        dca_shares=_choice(
+            name, "[market].dca_shares", market.get("dca_shares", "derived"), SHARE_MODES
+        ),
+        tolerance=T,
+        summary_size=p,
+        data={k: v for k, v in data.get("data", {}).items() if k != "source"},
+        delta=_number(
+            name, "[privacy].delta", data.get("privacy", {}).get("delta", 1e-5), 0.0, 1.0
+        ),
+        overrides=dict(data.get("summary", {})),
+        faults=_faults(name, data.get("faults", {}), owners),
+        secure=checks.secure_settings(name, data.get("privacy", {}), data.get("sketch", {})),
+        path=name,
+        placement=parse_placements(name, data.get("owners", {}), owners, OWNER_BUDGET_KEYS),
+    )
+    budgets, consumer = parse_budget_tables(name, data, owners, config.delta, PLACEMENT_KEYS)
+    requests = parse_requests(name, data, source, frozenset(_MARKET_SECTIONS["summary"]))
+    config = dataclasses.replace(
+        config, budgets=budgets, consumer_budget=consumer, requests=requests
+    )
+    check_request_params(config)
+    m = config.data.get("n_validation", 500)  # m is known at run time; any m checks the keys
+    try:
+        config.curator_params(gamma=1.0, m=m if isinstance(m, int) and m >= 1 else 500)
+    except ParamError as exc:
+        raise checks.summary_error(name, exc) from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: [summary]: {exc}") from None
+    return config
+
+
+def _check_data(
+    path: str,
+    source: str,
+    data: dict[str, Any],
+    owners: tuple[str, ...],
+    base: Path,
+    requests: bool = False,
+) -> None:
+    """Check the [data] keys a source needs: input files exist, bounds are numbers, ..."""
+    stream = data.get("stream")
+    if stream is not None:
+        if source == "files" or not isinstance(stream, dict):
+            raise ConfigError(f"{path}: [data].stream: a table, for simulated sources only")
+        check_keys(f"{path}: [data.stream]", stream, {"initial_fraction", "batches", "interval"})
+        _number(
+            path,
+            "[data.stream].initial_fraction",
+            stream.get("initial_fraction", 0.5),
+            0.0,
+            1.0 + 1e-9,
+        )
+        _int(path, "[data.stream].batches", stream.get("batches", 5), 1)
+        _number(path, "[data.stream].interval", stream.get("interval", 0.5), 0.0, 3600.0)
+    if source != "files":
+        return
+    _int(path, "[data].features", data.get("features"), 1)
+    for key in ("lower", "upper"):
+        value = data.get(key)
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+        ):
+            raise ConfigError(f"{path}: [data].{key}: expected a number or a list of numbers")
+    files = data.get("files")
+    if not isinstance(files, dict) or set(files) != set(owners):
+        raise ConfigError(
+            f"{path}: [data.files]: expected one list of input files per owner {list(owners)}"
+        )
+    for owner, paths in files.items():
+        if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
+            raise ConfigError(f"{path}: [data.files].{owner}: expected a non-empty list of paths")
+    for key in (
+        ("seed_set",) if requests and "validation" not in data else ("validation", "seed_set")
+    ):
+        target = data.get(key)
+        if not isinstance(target, str) or not (base / target).is_file():
+            raise ConfigError(f"{path}: [data].{key}: file {target!r} not found")
+
+
+def check_request_params(config: MarketConfig) -> None:
+    """Each request's curator parameters are valid (ConfigError naming the request)."""
+    for request in config.requests:
+        derived = config.for_request(request)
+        key = f"[[requests]] ({request.name}).summary"
+        check_allocate_blocks(config.path, key, derived.overrides, config.budgets)
+        m = derived.data.get("n_validation", 500)
+        try:
+            derived.curator_params(gamma=1.0, m=m if isinstance(m, int) and m >= 1 else 500)
+        except ParamError as exc:
+            error = str(checks.summary_error(config.path, exc)).removeprefix(f"{config.path}: ")
+            raise ConfigError(f"{config.path}: [[requests]] ({request.name}): {error}") from None
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"{config.path}: [[requests]] ({request.name}).summary: {exc}"
+            ) from None

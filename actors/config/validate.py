@@ -1,0 +1,216 @@
+"""What ``run`` needs from a files market, checked in seconds without Ray (``dpmarket validate``).
+
+The record schema of ``[data]`` (features, label column, bounds, policy, header) is checked
+against the config, then every owner, validation and seed file against the schema: the file
+exists and is readable, and its first rows (a bounded prefix, :func:`probe`) decode. The first
+impossible thing raises :class:`ConfigError` naming the file, the line and the key; bad rows
+among good ones are reported (they will go to the rejects files). ``run`` calls
+:func:`check_inputs` before it connects to Ray. Data paths are relative to the configuration
+file's directory; output directories (``--out``, ``[run].out``) to the working directory; both
+are made absolute here, on the driver, before anything reaches a worker. The files of an owner
+placed with ``[owners.NAME]`` are paths on its node: they are checked there, by its actor,
+before any secure sum (actors/config/placement.py), not here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpmarket.actors.config.market import ConfigError, MarketConfig
+from dpmarket.streams.records.files import ARITY, RAW_LIMIT, Probe, Schema, SchemaError, probe
+
+__all__ = [
+    "FileCheck",
+    "InputsCheck",
+    "check_inputs",
+    "check_schema",
+    "data_path",
+    "key_line",
+    "resolve_out",
+]
+
+PROBE_ROWS, PROBE_BYTES = 50, 1 << 16
+_TABLE = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]")
+
+
+def resolve_out(config: MarketConfig, cli_out: str | Path | None) -> Path:
+    """The output directory: ``--out`` if given, else ``[run].out``; either way a relative path
+    is taken from the working directory (data paths are taken from the config's directory)."""
+    return Path(cli_out or config.out).absolute()
+
+
+def data_path(config: MarketConfig, name: str) -> Path:
+    """An input file named in the config, as an absolute path made on the driver: a relative
+    name is taken from the configuration file's directory (never from a worker's current
+    directory). A placed owner opens this path on its own node."""
+    return Path(os.path.normpath((Path(config.path).parent / Path(name).expanduser()).absolute()))
+
+
+def key_line(config_path: str, section: str, key: str) -> int | None:
+    """The line of ``key`` in table ``section`` of a TOML file (``None`` if not written there,
+    e.g. set with ``--set``)."""
+    try:
+        text = Path(config_path).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    table, pattern = "", re.compile(rf"^\s*['\"]?{re.escape(key)}['\"]?\s*=")
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = _TABLE.match(line)
+        if match:
+            table = match.group(1).replace(" ", "")
+        elif table == section and pattern.match(line):
+            return number
+    return None
+
+
+def _at(config: MarketConfig, section: str, key: str) -> str:
+    """``CONFIG:LINE: [section].key`` for an error message."""
+    line = key_line(config.path, section, key)
+    return f"{config.path}{f':{line}' if line else ''}: [{section}].{key}"
+
+
+def check_schema(config: MarketConfig) -> Schema:
+    """The record schema of ``[data]``, each key checked against the others."""
+    d = config.data
+    k = d.get("features")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"{_at(config, 'data', 'features')}: expected an integer >= 1, got {k!r}")
+    policy = d.get("policy", "clip")
+    if policy not in ("clip", "reject"):
+        raise ConfigError(f"{_at(config, 'data', 'policy')}: {policy!r} is not 'clip' or 'reject'")
+    label = d.get("label_column")
+    if label is not None and (isinstance(label, bool) or not isinstance(label, int)):
+        raise ConfigError(f"{_at(config, 'data', 'label_column')}: expected an integer")
+    if label is not None and not 0 <= label <= k:
+        raise ConfigError(
+            f"{_at(config, 'data', 'label_column')}: {label} is out of range: with features = "
+            f"{k} a record has {k + 1} columns, so the label is a column index 0..{k}"
+        )
+    bounds: dict[str, tuple[float, ...]] = {}
+    for key in ("lower", "upper"):
+        value = d.get(key)
+        values: list[Any] = value if isinstance(value, list) else [value] * k
+        if len(values) != k:
+            raise ConfigError(
+                f"{_at(config, 'data', key)}: {len(values)} values for features = {k} "
+                "(give one number for every feature, or a single number for all)"
+            )
+        bounds[key] = tuple(float(v) for v in values)
+    if "header" in d and not isinstance(d["header"], bool):
+        raise ConfigError(f"{_at(config, 'data', 'header')}: expected true or false")
+    try:
+        return Schema(k, bounds["lower"], bounds["upper"], label, policy)
+    except SchemaError as exc:
+        raise ConfigError(f"{_at(config, 'data', 'lower')}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """One input file and what its first rows showed."""
+
+    party: str  # an owner's name, "validation" or "seed_set"
+    section: str
+    key: str
+    probe: Probe
+
+    def describe(self) -> list[str]:
+        p = self.probe
+        columns = "" if p.columns is None else f", {p.columns} columns"
+        header = ""
+        if p.header:
+            why = "[data].header = true"
+            if p.header_detected:
+                why = "detected: its fields are not numbers, the next line's are"
+            header = f"; header line skipped ({why})"
+        lines = [
+            f"{self.party:<10} {p.path} ({p.format}, {p.size} bytes): {p.rows} rows probed, "
+            f"{p.valid} valid, {len(p.rejects)} rejected{columns}{header}"
+        ]
+        lines += [
+            f"{'':<10} line {line}: {r.reason} ({r.detail}): goes to the rejects file"
+            for line, r in p.rejects[:5]
+        ]
+        return lines
+
+
+@dataclass(frozen=True)
+class InputsCheck:
+    """The schema and the checked input files of a files market."""
+
+    schema: Schema
+    files: tuple[FileCheck, ...]
+
+    @property
+    def headers(self) -> dict[str, bool]:
+        """Path -> whether its first line is a header to skip."""
+        return {f.probe.path: f.probe.header for f in self.files}
+
+    def describe(self) -> list[str]:
+        s = self.schema
+        label = "none" if s.label_column is None else f"column {s.label_column}"
+        lines = [
+            f"schema: {s.n_features} features, label {label}, {s.n_columns} columns per row, "
+            f"policy {s.policy}"
+        ]
+        return lines + [line for f in self.files for line in f.describe()]
+
+
+def _values(raw: bytes, length: int) -> str:
+    return str(raw.count(b",") + 1) if length <= RAW_LIMIT else "a different number of"
+
+
+def _check_file(
+    config: MarketConfig, schema: Schema, party: str, where: tuple[str, str], path: Path
+) -> FileCheck:
+    section, key = where
+    at = _at(config, section, key)
+    if not path.exists():
+        raise ConfigError(f"{at}: {party}'s file {path} does not exist")
+    header = config.data.get("header")
+    try:
+        found = probe(path, schema, header=header, max_bytes=PROBE_BYTES, max_rows=PROBE_ROWS)
+    except OSError as exc:
+        raise ConfigError(f"{at}: {party}'s file {path} cannot be read ({exc})") from None
+    except ValueError as exc:
+        raise ConfigError(f"{at}: {party}'s file: {exc}") from None
+    arity = [(line, r) for line, r in found.rejects if r.reason == ARITY]
+    if arity and (found.valid == 0 or 2 * len(arity) > found.rows):
+        line, r = arity[0]
+        label = "" if schema.label_column is None else f" + label_column {schema.label_column}"
+        raise ConfigError(
+            f"{path}:{line}: the row has {_values(r.raw, r.length)} values, but "
+            f"[data].features = {schema.n_features}{label} means {schema.n_columns} "
+            f"({len(arity)} of the first {found.rows} rows have the wrong arity; set in "
+            f"{config.path})"
+        )
+    if found.rows and found.valid == 0:
+        line, r = found.rejects[0]
+        raise ConfigError(
+            f"{path}:{line}: none of the first {found.rows} rows is usable ({r.reason}: "
+            f"{r.detail}); check [data] features, label_column, bounds and policy in {config.path}"
+        )
+    if party in ("validation", "seed_set") and found.rows == 0:
+        raise ConfigError(f"{at}: {path} holds no records")
+    return FileCheck(party, section, key, found)
+
+
+def check_inputs(config: MarketConfig) -> InputsCheck:
+    """The schema and every input file of a files market (see the module docstring)."""
+    schema = check_schema(config)
+    checks = [
+        _check_file(config, schema, owner, ("data.files", owner), data_path(config, name))
+        for owner, names in config.data["files"].items()
+        # on its own node: checked there (actors/config/placement.py)
+        if owner not in config.placement
+        for name in names
+    ]
+    checks += [
+        _check_file(config, schema, key, ("data", key), data_path(config, config.data[key]))
+        for key in ("validation", "seed_set")
+        if key in config.data  # with [[requests]] each request may name its own
+    ]
+    return InputsCheck(schema, tuple(checks))

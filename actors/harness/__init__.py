@@ -1,0 +1,1 @@
+"""Evaluation harnesses: in-process markets against their baselines (utility, parsimony)."""

@@ -1,0 +1,67 @@
+"""The compute-node actor: hosts one DCA ComputeNode; only decodes, calls, encodes."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from dpmarket.actors.cluster.placement import node_report
+from dpmarket.protocol.securesum.node import ComputeNode
+from dpmarket.protocol.securesum.plan import SecureSumPlan
+from dpmarket.protocol.securesum.spec import DcaConfig
+from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
+from dpmarket.protocol.wire.errors import RemoteProtocolError
+
+__all__ = ["ComputeNodeActor"]
+
+
+@ray.remote(num_cpus=0)
+class ComputeNodeActor:
+    """Ray actor around one compute node of the secure sum. ``private_key`` (raw X25519 bytes)
+    comes from the operator, who pins its fingerprint at the owners; ``client_keys`` are the
+    owners' public keys the operator collected from them directly (registrations under another
+    key are refused); ``plan`` the operator's round plan (protocol/securesum/plan.py: an open
+    below its sigma floor or beyond its count is refused). The private key goes nowhere but
+    here."""
+
+    def __init__(
+        self,
+        config: DcaConfig,
+        name: str,
+        private_key: bytes | None = None,
+        client_keys: dict[str, bytes] | None = None,
+        plan: SecureSumPlan | None = None,
+    ) -> None:
+        key = X25519PrivateKey.from_private_bytes(private_key) if private_key else None
+        self._node = ComputeNode(config, name, key, client_keys, plan=plan)
+        self._guard = ReplayGuard()
+        self.errors: list[str] = []
+
+    async def public_key(self) -> bytes:
+        return bytes(self._node.public_key)
+
+    async def handle(self, frames: list[bytes]) -> list[bytes]:
+        out: list[bytes] = []
+        for frame in frames:
+            try:
+                out.extend(encode(m) for m in self._node.receive(decode(frame, self._guard)))
+            except RemoteProtocolError as exc:
+                self.errors.append(str(exc))
+        return out
+
+    async def tick(self, now: float) -> list[bytes]:
+        return [encode(m) for m in self._node.expire(now)]
+
+    async def pid(self) -> int:
+        """The worker's process id (benchmarks read its CPU time)."""
+        return os.getpid()
+
+    async def where(self, paths: list[str]) -> dict[str, Any]:
+        """This node (Ray id, IP) and the dpmarket running here (actors/config/placement.py)."""
+        return node_report(paths)
+
+    async def status(self) -> dict[str, Any]:
+        return {"registered": self._node.registered, "errors": list(self.errors)}

@@ -1,0 +1,209 @@
+"""Secure-sum rounds across Ray actors: the curator's actor hosts the Aggregator and relays.
+
+Owners' actors host secure-sum Clients, compute-node actors host ComputeNodes. Every frame goes
+through this hub: frames addressed to the aggregator are decoded and handed to it, all others
+are forwarded as bytes to the node they name. Shares are sealed end to end (client to node), so
+the relay learns nothing from them. The hub passes one clock to the aggregator and the nodes,
+so the round's deadlines mean the same everywhere.
+
+Phases of a market run built on it (the ``[privacy]`` budgets of the config):
+Every round is charged under the run's one neighbouring relation (the round plan's, set from
+``CuratorParams.neighbouring`` in actors/run/phases.py ``prepare_secure``; replace-one by default,
+the owners' counts being public): the spec carries it and every ledger records it.
+
+- normalise: each owner sends its clipped per-feature sums, sums of squares and count; the
+  released pool count, means and spreads go into the public report.json (actors/run/report.py) and,
+  with ``standardize`` on, reach the owners as h1's center and scale in the summary's setup frame.
+- scan: each owner sends its RACE sketch counters; the curator gets a DP sketch of the pool and
+  scores how well the pool covers the validation set (mean KDE of the pool at validation points).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dpmarket.protocol.privacy.ledger import PrivacyLedger
+from dpmarket.protocol.securesum.aggregator import Aggregator
+from dpmarket.protocol.securesum.spec import DcaConfig, RoundResult, RoundSpec
+from dpmarket.protocol.summary.snr import moments_sensitivity  # one formula, also pre-run
+from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
+from dpmarket.protocol.wire.errors import RemoteProtocolError
+
+__all__ = [
+    "DcaHub",
+    "DcaUnavailable",
+    "charge_at_floor",
+    "moments_sensitivity",
+    "result_from_record",
+    "result_record",
+]
+
+
+class DcaUnavailable(RuntimeError):
+    """A secure-sum session could not start (a compute node is unreachable): nothing released."""
+
+
+class DcaHub:
+    """Runs DCA sessions and rounds over actor handles from inside an async actor."""
+
+    def __init__(
+        self,
+        config: DcaConfig,
+        nodes: dict[str, Any],
+        owners: dict[str, Any],
+        ledger: PrivacyLedger,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config, self.nodes, self.owners, self.clock = config, nodes, owners, clock
+        self.aggregator = Aggregator(config, ledger)
+        self.guard = ReplayGuard()
+        self.errors: list[str] = []
+        self.absent: dict[int, list[str]] = {}
+
+    async def route(self, frames: list[bytes]) -> None:
+        """Deliver frames (and everything they cause) until nothing is left in flight."""
+        pending = list(frames)
+        while pending:
+            by_recipient: dict[str, list[bytes]] = {}
+            for frame in pending:
+                try:
+                    to = decode(frame).recipient
+                except RemoteProtocolError as exc:
+                    self.errors.append(str(exc))
+                    continue
+                by_recipient.setdefault(to, []).append(frame)
+            pending = []
+            for frame in by_recipient.pop(self.aggregator.name, []):
+                try:
+                    out = self.aggregator.receive(decode(frame, self.guard))
+                except RemoteProtocolError as exc:
+                    self.errors.append(str(exc))
+                    continue
+                pending.extend(encode(m) for m in out)
+            names = [n for n in by_recipient if n in self.nodes]
+            replies = await asyncio.gather(
+                *(self.nodes[n].handle.remote(by_recipient[n]) for n in names),
+                return_exceptions=True,
+            )
+            for name, reply in zip(names, replies, strict=True):
+                if isinstance(reply, BaseException):
+                    self.errors.append(f"{name}: {type(reply).__name__}")
+                else:
+                    pending.extend(reply)
+
+    async def setup(self) -> None:
+        """Session set-up: node keys to owners, owners' registrations to nodes."""
+        answers = await asyncio.gather(
+            *(h.public_key.remote() for h in self.nodes.values()), return_exceptions=True
+        )
+        dead = [n for n, a in zip(self.nodes, answers, strict=True) if isinstance(a, BaseException)]
+        if dead:
+            raise DcaUnavailable(f"compute nodes unreachable: {dead}")
+        keys = dict(zip(self.nodes, answers, strict=True))
+        calls = [h.dca_setup.remote(o, self.config, keys) for o, h in self.owners.items()]
+        frames = await asyncio.gather(*calls, return_exceptions=True)
+        await self.route(
+            [f for reply in frames if not isinstance(reply, BaseException) for f in reply]
+        )
+
+    async def round(
+        self, spec: RoundSpec, what: str, options: dict[str, Any], timeout: float
+    ) -> RoundResult:
+        """One round: open, collect contributions (owners that fail are absent), wait."""
+        deadline = self.clock() + timeout
+        opened = [encode(m) for m in self.aggregator.open_round(spec, deadline)]
+        refused = self.aggregator.result(spec.round)  # known colluders alone exceed T
+        if refused is not None:
+            self.absent[spec.round] = []
+            return refused
+        owners = list(self.owners)
+        tasks = [
+            asyncio.ensure_future(self.owners[o].dca_contribute.remote(o, spec, what, options))
+            for o in owners
+        ]
+        await self.route(opened)  # while owners compute; nodes see the open before any share
+        done, _ = await asyncio.wait(tasks, timeout=timeout)
+        absent: list[str] = []
+        frames: list[bytes] = []
+        for owner, task in zip(owners, tasks, strict=True):
+            if task in done and task.exception() is None:
+                frames.extend(task.result())
+            else:
+                absent.append(owner)
+        self.absent[spec.round] = absent
+        await self.route(frames)  # every owner's shares in one call per compute node
+        while (result := self.aggregator.result(spec.round)) is None:
+            now = self.clock()
+            frames = [encode(m) for m in self.aggregator.expire(now)]
+            ticks = await asyncio.gather(
+                *(h.tick.remote(now) for h in self.nodes.values()), return_exceptions=True
+            )
+            frames += [f for t in ticks if not isinstance(t, BaseException) for f in t]
+            await self.route(frames)
+            if self.aggregator.result(spec.round) is None:
+                await asyncio.sleep(0.05)
+        return result
+
+
+def record_for_owners(
+    ledgers: dict[str, PrivacyLedger], result: RoundResult, label: str, neighbouring: str
+) -> None:
+    """Charge a released round to every owner's ledger: one Gaussian event at the round's sigma
+    and L2 sensitivity under ``neighbouring``, the relation of the round's spec (the plan's)."""
+    if result.value is None or result.sigma_std <= 0:
+        return
+    for party, ledger in ledgers.items():
+        if party != "validation":
+            ledger.gaussian(
+                result.sigma_std, result.sensitivity, label=label, neighbouring=neighbouring
+            )
+
+
+def coverage(release: npt.NDArray[np.float64], total: float) -> float:
+    """Mean pool density at the validation points, per pooled record (KDE normalised)."""
+    return float(np.mean(release) / max(total, 1.0))
+
+
+def charge_at_floor(
+    ledgers: dict[str, PrivacyLedger],
+    sigma: float,
+    sensitivity: float,
+    label: str,
+    neighbouring: str,
+) -> None:
+    """Charge a round whose release may have happened but was never journaled (a crash after
+    it opened): one Gaussian event per owner at the plan's sigma floor for its label, under
+    the plan's relation ``neighbouring``."""
+    for party, ledger in ledgers.items():
+        if party != "validation":
+            ledger.gaussian(sigma, sensitivity, label=label, neighbouring=neighbouring)
+
+
+def result_record(result: RoundResult) -> dict[str, Any]:
+    """A round result as JSON-safe data (float64 values round-trip exactly through JSON)."""
+    return {
+        "round": result.round,
+        "status": result.status,
+        "reason": result.reason,
+        "value": None if result.value is None else [float(v) for v in result.value],
+        "included": list(result.included),
+        "missing": list(result.missing),
+        "sigma_std": result.sigma_std,
+        "sensitivity": result.sensitivity,
+    }
+
+
+def result_from_record(d: dict[str, Any]) -> RoundResult:
+    """The inverse of :func:`result_record` (``ring_total`` is not journaled: nothing after
+    the release uses it)."""
+    value = None if d["value"] is None else np.asarray(d["value"], dtype=np.float64)
+    return RoundResult(
+        int(d["round"]), str(d["status"]), str(d["reason"]), value, None,
+        tuple(d["included"]), tuple(d["missing"]), float(d["sigma_std"]), float(d["sensitivity"]),
+    )  # fmt: skip

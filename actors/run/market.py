@@ -1,0 +1,369 @@
+"""The market run on Ray: start -> summarise -> report, with faults, refusal and resume.
+
+``run_market`` is what ``dpmarket run`` and ``dpmarket simulate`` call. In simulation mode the
+harness generates the data (synthetic covariate shift or the digits split), keeps the test set
+and the baselines to itself, and hands owners and curator only what they would hold. The
+curator journals its state in ``OUT/.journal``; a refused run leaves only that journal (and the
+copy of the configuration needed to resume) in ``OUT``, never a partial summary or report.
+
+Exit codes: 0 complete, 2 bad configuration or input, 3 refused by T-tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpmarket.actors.cluster.connect import connect
+from dpmarket.actors.cluster.placement import preflight_owners, require_placeable
+from dpmarket.actors.config.market import ConfigError, FaultConfig, MarketConfig, load_market_config
+from dpmarket.actors.config.scenarios import make_market_scenario
+from dpmarket.actors.config.validate import check_inputs, resolve_out
+from dpmarket.actors.harness.evaluation import svm_accuracy
+from dpmarket.actors.parties.curator import pool_file, read_pool_rows
+from dpmarket.actors.parties.faults import FaultPlan, fault_verdicts
+from dpmarket.actors.randomness import public_generator
+from dpmarket.actors.run.budgets import budget_report, consumer_refusal, ledger_run_id, owner_gates
+from dpmarket.actors.run.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
+from dpmarket.actors.run.phases import (
+    SecurePrep,
+    prepare_secure,
+    secure_phases,
+    standardize,
+    summarise,
+)
+from dpmarket.actors.run.preflight import RunPlan, plan_run
+from dpmarket.actors.run.report import CONSUMER_REPORT, mmd2_by_prefix, write_outputs
+from dpmarket.actors.run.spawn import OwnerInputs, RayMarket, spawn_market
+from dpmarket.actors.run.survivors import survivor_reports
+from dpmarket.protocol.summary.objective import mmd2
+from dpmarket.streams.records.files import Schema
+from dpmarket.streams.synthetic import Scenario
+
+__all__ = [
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "MarketOutcome",
+    "make_market_scenario",
+    "resume_market",
+    "run_market",
+]
+
+EXIT_OK, EXIT_CONFIG, EXIT_REFUSED = 0, 2, 3
+JOURNAL_DIR = ".journal"
+
+
+@dataclass
+class MarketOutcome:
+    exit_code: int
+    message: str
+    report: dict[str, Any] | None  # the public report.json
+    consumer_report: dict[str, Any] | None = None  # report.private.json (actors/run/report.py)
+    # party -> (records rejected, its rejects file) for every party that read files
+    rejects: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
+    requests: dict[str, MarketOutcome] = dataclasses.field(default_factory=dict)  # [[requests]]
+
+
+@dataclass
+class MarketInputs:
+    """What the run starts from, by data source."""
+
+    owners: OwnerInputs
+    gamma: float
+    scenario: Scenario | None = None  # simulation only: the harness keeps the test set
+    schema: Schema | None = None
+    files: dict[str, list[str]] | None = None
+    writer: StreamWriter | None = None
+    headers: tuple[str, ...] = ()  # CSV input files whose first line is a header
+    consumer_rejects: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def market_inputs(
+    config: MarketConfig, out: Path, headers: dict[str, bool], attempt_dir: Path
+) -> MarketInputs:
+    if config.source == "files":
+        f = file_inputs(config, headers, attempt_dir)
+        with_header = tuple(p for p, h in f.headers.items() if h)
+        return MarketInputs(
+            f.owners, f.gamma, None, f.schema, f.files, None, with_header, f.rejects
+        )
+    scenario = make_market_scenario(config)
+    if "stream" in config.data:
+        owners, schema, files, writer = stream_files(config, scenario, out / "data")
+        return MarketInputs(owners, scenario.gamma, scenario, schema, files, writer)
+    return MarketInputs(OwnerInputs.of(scenario), scenario.gamma, scenario)
+
+
+def _drive(
+    config: MarketConfig,
+    inputs: MarketInputs,
+    run_plan: RunPlan,
+    journal: Path,
+    snapshot: Any,
+    attempt_dir: Path,
+    ledger_run: str = "",
+) -> Any:
+    """Spawn the actors, ingest, run the curator, kill and resume it if the config says so."""
+    import ray
+
+    faults = config.faults
+    plan = FaultPlan(kill_at=dict(faults.kill), delay=dict(faults.slow))
+    # the secure-sum session, node keys and round plan exist before any owner actor does
+    prep = prepare_secure(config, inputs.owners, inputs.gamma, run_plan.params, snapshot)
+    if (declined := consumer_refusal(config, run_plan.params, ledger_run)) is not None:
+        return declined  # the consumer's cap (actors/run/budgets.py): before any actor exists
+    require_placeable(config.placement)  # refused now, not an actor never placed
+    market = spawn_market(
+        inputs.owners,
+        run_plan.params,
+        config.noise,
+        plan,
+        config.name,
+        str(journal),
+        snapshot,
+        placement=config.placement,
+        owners_per_actor=config.owners_per_actor,
+        dca=prep.trust if prep is not None else None,
+        budgets=owner_gates(config, run_plan.params, ledger_run),
+    )
+    try:  # owners' files readable on their nodes, every actor's dpmarket the driver's: or exit 2
+        preflight_owners(
+            market.owners | {"curator": market.curator}, inputs.files or {}, config.placement
+        )
+        if inputs.files is not None and inputs.schema is not None:
+            ray.get(
+                [
+                    market.owners[o].start_ingest.remote(
+                        o, paths, inputs.schema, str(attempt_dir / o), headers=inputs.headers
+                    )
+                    for o, paths in inputs.files.items()
+                ]
+            )
+            wait_for_ingest(market.owners)
+        if inputs.writer is not None:
+            inputs.writer.start()
+        return purchase(config, inputs.owners, market, prep, plan, journal, snapshot, ledger_run)
+    finally:
+        if inputs.writer is not None:
+            inputs.writer.stop()
+        market.kill_all()
+
+
+def purchase(
+    config: MarketConfig,
+    owners: OwnerInputs,
+    market: RayMarket,
+    prep: SecurePrep | None,
+    plan: FaultPlan,
+    journal: Path,
+    snapshot: Any,
+    ledger_run: str,
+) -> Any:
+    """One purchase on spawned, ingesting actors: secure phases, summary, owners, budgets; the
+    curator's payload (state "refused" when T was exceeded). Also each request of a config
+    with ``[[requests]]`` (actors/run/requests.py), on the same owner actors."""
+    secure = secure_phases(config, prep, market, snapshot, journal)
+    if "refused" in secure:  # a secure round short of T: nothing after it runs
+        refused: dict[str, Any] = secure["refused"]
+        return refused
+    standard = standardize(config, owners, market, secure, snapshot)
+    payload = summarise(config, market, plan, journal, snapshot)
+    payload["secure_phases"] = secure | {
+        "standardize": standard,
+        "refreshes": payload.pop("refreshes", []),
+    }
+    payload["fault_verdicts"] = fault_verdicts(config.faults, payload, config.tolerance)
+    # a node may be gone by now: unreachable owners are named, never a crash (exit 3 stays 3)
+    payload["owners"] = survivor_reports(market.owners, payload["transport"]["dead"])
+    payload["budgets"] = budget_report(
+        config, ledger_run, market.owners, list(payload["owners"]), payload["ledgers"]
+    )
+    return payload
+
+
+def _utility(
+    scenario: Scenario, payload: dict[str, Any], config: MarketConfig
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Harness-side utility of the summary against exact greedy and uniform (simulation only)."""
+    from dpmarket.actors.harness.inprocess import baselines
+
+    p, gamma = len(payload["provenance"]), scenario.gamma
+    if payload["points"] is None or p == 0:
+        return {}, {}
+    base = baselines(scenario, p, 140, gamma, config.seed, public_generator(config.seed + 1))
+    test_y = scenario.test_y.astype(np.float64)
+    methods = {
+        "private": (payload["points"], payload["labels"]),
+        "greedy": base.greedy,
+        "uniform": base.uniform,
+    }
+    utility = {
+        name: {
+            "mmd2": mmd2(X, scenario.test_X, gamma),
+            "svm_accuracy": svm_accuracy(X, y, scenario.test_X, test_y),
+        }
+        for name, (X, y) in methods.items()
+    }
+    curves = {name: mmd2_by_prefix(X, scenario.test_X, gamma) for name, (X, _) in methods.items()}
+    return utility, curves
+
+
+def run_market(
+    config: MarketConfig,
+    out: Path | None = None,
+    address: str | None = None,
+    snapshot: Any = None,
+    before_start: Callable[[RunPlan], None] | None = None,
+    connected: Callable[[dict[str, Any]], None] | None = None,
+) -> MarketOutcome:
+    """Run (or resume, given a journal ``snapshot``) one market; write outputs into ``out``
+    (relative to the working directory). A files market's inputs are checked before Ray
+    starts (actors/config/validate.py).
+
+    ``before_start`` sees the :class:`RunPlan` (each release's signal, noise and cost) of a
+    fresh run before Ray starts or anything is spent, and may refuse by raising
+    ``ConfigError``; ``connected`` sees what Ray connected to.
+    """
+    if config.requests:  # several purchases: actors/run/requests.py run_requests
+        raise ConfigError(f"{config.path}: [[requests]]: bought by run_requests, not run_market")
+    out = resolve_out(config, out)
+    headers = check_inputs(config).headers if config.source == "files" else {}
+    journal_dir = out / JOURNAL_DIR
+    if snapshot is None and (out / "report.json").exists():
+        raise ConfigError(f"{out}: already holds a finished run (report.json); choose --out")
+    attempt = len(list((out / ".ingest").glob("attempt-*"))) if (out / ".ingest").exists() else 0
+    attempt_dir = out / ".ingest" / f"attempt-{attempt}"
+    inputs = market_inputs(config, out, headers, attempt_dir)
+    run_plan = plan_run(config, inputs.owners, inputs.gamma, inputs.files)
+    if before_start is not None and snapshot is None:
+        before_start(run_plan)
+    journal_dir.mkdir(parents=True, exist_ok=True)
+    if snapshot is None:  # a fresh run: no state of an earlier run in OUT may be resumed
+        (journal_dir / "journal.json").unlink(missing_ok=True)  # first: then nothing to resume
+        pool_file(journal_dir / "journal.json").unlink(missing_ok=True)
+        shutil.copyfile(config.path, journal_dir / "config.toml")
+        (journal_dir / "config_path").write_text(str(Path(config.path).resolve()))
+    ledger_run = ledger_run_id(journal_dir, snapshot is None, config)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    ray_info = connect(address)
+    if connected is not None:
+        connected(ray_info)
+    timings["start"] = time.perf_counter() - start
+    tick = time.perf_counter()
+    payload = _drive(
+        config, inputs, run_plan, journal_dir / "journal.json", snapshot, attempt_dir, ledger_run
+    )
+    timings["ingest_and_summarise"] = time.perf_counter() - tick
+    return market_outcome(config, out, inputs, payload, ray_info, timings, attempt_dir)
+
+
+def market_outcome(
+    config: MarketConfig,
+    out: Path,
+    inputs: MarketInputs,
+    payload: Any,
+    ray_info: dict[str, Any],
+    timings: dict[str, float],
+    attempt_dir: Path,
+) -> MarketOutcome:
+    """A finished purchase's outputs in ``out``: exit 3 and nothing written when it was
+    refused, else the reports, summary files and the rejects per party."""
+    if payload["state"] == "refused":
+        after = (
+            "nothing to resume: run again with at most T colluding or lost owners"
+            if payload.get("refusal", {}).get("before_start")
+            else f"resume with `dpmarket resume {out}` when the owners are back"
+        )
+        return MarketOutcome(EXIT_REFUSED, f"dpmarket: {payload['reason']}; {after}", None)
+    utility: dict[str, Any] = {}
+    curves: dict[str, Any] = {}
+    if inputs.scenario is not None:
+        tick = time.perf_counter()
+        utility, curves = _utility(inputs.scenario, payload, config)
+        timings["utility"] = time.perf_counter() - tick
+    run = config.public_record() | {
+        "noise": config.noise.describe(),
+        "validation_size": len(inputs.owners.validation),
+        "ray": {"address": ray_info["address"]},
+        "gamma": inputs.gamma,
+    }
+    reports = write_outputs(
+        out,
+        run,
+        payload,
+        config.delta,
+        config.faults.colluders,
+        timings,
+        utility or None,
+        curves,
+    )
+    files = inputs.files or {}
+    rejects = {  # one rejects file per input (rejects.jsonl, then rejects-KEY.jsonl)
+        o: (
+            int(st["rejected_records"]),
+            str(
+                attempt_dir
+                / o
+                / ("rejects*.jsonl" if len(files.get(o, [])) > 1 else "rejects.jsonl")
+            ),
+        )
+        for o, st in payload["owners"].items()
+        if inputs.files is not None
+    }
+    rejects |= {
+        key: (n, str(attempt_dir / key / "rejects.jsonl"))
+        for key, n in inputs.consumer_rejects.items()
+    }
+    return MarketOutcome(
+        EXIT_OK,
+        f"dpmarket: run complete, outputs in {out} (report.json public; "
+        f"{CONSUMER_REPORT} and summary.* the consumer's)",
+        reports.public,
+        reports.consumer,
+        rejects,
+    )
+
+
+def resume_market(
+    out: Path,
+    address: str | None = None,
+    connected: Callable[[dict[str, Any]], None] | None = None,
+) -> MarketOutcome:
+    """Continue a refused or crashed run from ``OUT/.journal`` (no new noise for journaled
+    releases; the ledger is not charged twice)."""
+    journal_dir = Path(out) / JOURNAL_DIR
+    if (Path(out) / "requests.json").exists():  # [[requests]] (actors/run/requests.py)
+        raise ConfigError(
+            f"{out}: a run of [[requests]]: run its config again with --out {out} (the "
+            "complete requests are not bought again)"
+        )
+    try:
+        original = Path((journal_dir / "config_path").read_text().strip())
+        config = load_market_config(original if original.exists() else journal_dir / "config.toml")
+        snapshot = json.loads((journal_dir / "journal.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{out}: no resumable journal ({exc})") from None
+    if snapshot.get("state") == "done":
+        raise ConfigError(f"{out}: the journaled run already finished")
+    if (snapshot.get("refusal") or {}).get("before_start"):
+        raise ConfigError(f"{out}: refused in a secure-sum phase before summarising; run again")
+    pool = snapshot.get("pool") or {}
+    if "count" in pool and "rows" not in pool:  # the rows live in the append-only pool file
+        held = len(read_pool_rows(pool_file(journal_dir / "journal.json")))
+        if held < int(pool["count"]):
+            raise ConfigError(
+                f"{out}: the journal covers {pool['count']} purchased points but its pool file "
+                f"holds {held}; cannot resume without them"
+            )
+    # the simulated faults already happened; colluders still collude
+    resumed = dataclasses.replace(config, faults=FaultConfig(colluders=config.faults.colluders))
+    return run_market(resumed, out, address, snapshot=snapshot, connected=connected)

@@ -1,0 +1,337 @@
+"""The secure-sum phases of a market run (actors/run/market.py drives them before the epochs).
+
+The operator's side of the DCA: the session and the compute nodes' keys, made before any owner
+actor is spawned (each node's key handed to its actor only; its fingerprint given to the owner
+actors at construction, owners' keys pinned at the nodes directly, never through the curator
+that relays), the normalise and scan rounds through the curator's hub (actors/parties/dca.py),
+and the standardisation h1 uses afterwards (post-processing of the normalise release).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpmarket.actors.config.market import MarketConfig
+from dpmarket.actors.parties.dcaowner import OperatorTrust
+from dpmarket.actors.parties.faults import FaultPlan
+from dpmarket.actors.parties.securephase_journal import journaled_summary, secure_resumable
+from dpmarket.actors.run.spawn import OwnerInputs, RayMarket, actor_options, unique_actors
+from dpmarket.protocol.privacy.ledger import record_relation
+from dpmarket.protocol.securesum.plan import SecureSumPlan
+from dpmarket.protocol.securesum.spec import DcaConfig
+from dpmarket.protocol.summary.params import CuratorParams
+from dpmarket.protocol.summary.snr import (
+    moments_sensitivity,
+    sketch_sensitivity,
+    standardisation_verdict,
+)
+from dpmarket.streams.synthetic import median_heuristic_gamma
+
+__all__ = [
+    "MAX_CURATOR_RESTARTS",
+    "SecurePrep",
+    "prepare_secure",
+    "progress",
+    "secure_phases",
+    "standardize",
+    "summarise",
+]
+
+MAX_CURATOR_RESTARTS = 3  # a curator lost more often than this ends the run (exit 1)
+
+
+def progress(line: str) -> None:
+    print(f"\r{line:<78}", end="", file=sys.stderr, flush=True)
+
+
+@dataclass
+class SecurePrep:
+    """The operator's secure-sum set-up, made before any owner actor exists: the session's
+    configuration, each compute node's private key (kept here until its actor is spawned), the
+    trust anchors every owner actor gets at construction, and the rounds' public parameters."""
+
+    config: DcaConfig
+    node_keys: dict[str, bytes]  # node -> raw X25519 private key (the operator's only)
+    trust: OperatorTrust
+    plan: dict[str, Any]
+
+
+def prepare_secure(
+    config: MarketConfig, inputs: OwnerInputs, gamma: float, params: CuratorParams, snapshot: Any
+) -> SecurePrep | None:
+    """The secure-sum session of a run, from the public config alone (None when the secure
+    phases are off or the resumed journal holds them finished:
+    actors/parties/securephase_journal.py;
+    a journal written during them gets a new session for the rounds still to run). Each
+    node's X25519 key is made here, by the operator;
+    its SHA-256 fingerprint goes into the trust anchors handed to the owners when they are
+    spawned (never through the curator, which relays the keys), with the round plan
+    (protocol/securesum/plan.py: normalise and scan once each, at most one refresh per
+    ``refresh_every`` epochs of the longest run ``params`` allows, each at its calibrated
+    sigma or more) and the simulated colluders' behaviour (``[faults].colluders``).
+
+    Relation: every round is planned under the run's one relation, ``params.neighbouring``
+    (protocol/summary/releases.py), the one the summary releases, allocate-select and the
+    auction are charged under: the L2 sensitivities are protocol/summary/snr.py's
+    ``moments_sensitivity`` and ``sketch_sensitivity`` for it, sigma is calibrated to each
+    round's (eps, delta) at that sensitivity (so the per-round epsilon is as configured), and
+    the plan's relation is what the owners' and nodes' checks compare and what every ledger
+    (the curator's, the owners' stores) records for a round."""
+    from dpmarket.protocol.securesum.driver import _auto_frac_bits
+    from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
+
+    secure = config.secure
+    if not secure["enabled"] or not secure_resumable(snapshot):
+        return None
+    owners = list(inputs.owners)
+    k = inputs.validation.shape[1]
+    bound = float(config.data.get("bound", 10.0))
+    n_max = float(config.data.get("n_points", 1_000_000))
+    value_bound = n_max * max(1.0, bound, bound**2)
+    rows, width = secure["rows"], secure["width"]
+    delta, relation = config.delta, params.neighbouring
+    sens_moments = moments_sensitivity(k, bound, neighbouring=relation)
+    sens_sketch = sketch_sensitivity(int(rows), neighbouring=relation)
+    frac = min(
+        _auto_frac_bits(len(owners), d, eps, delta, sens, value_bound, config.tolerance, "analytic")
+        for d, eps, sens in (
+            (2 * k + 1, secure["eps_normalise"], sens_moments),
+            (rows * width, secure["eps_scan"], sens_sketch),
+            (rows * width, secure["eps_refresh"], sens_sketch),
+        )
+    )
+    nodes = tuple(f"compute-{i + 1}" for i in range(config.compute_nodes))
+    dca = DcaConfig(
+        f"{config.name}-dca",
+        tuple(owners),
+        nodes,
+        tolerance=config.tolerance,
+        bound=value_bound,
+        frac_bits=frac,
+        shares=config.dca_shares,
+        colluders=tuple(config.faults.colluders),  # they count against T in every round
+    )
+    node_keys, pins = {}, {}
+    for name in nodes:
+        private, public = generate_keypair()
+        node_keys[name], pins[name] = private.private_bytes_raw(), key_fingerprint(public)
+    sketch = {
+        "family": "l2",
+        "rows": int(rows),
+        "width": int(width),
+        "seed": int(config.seed),
+        "bandwidth": float(secure.get("bandwidth", 1.0 / np.sqrt(gamma))),
+    }
+    epochs = params.epoch_limit + params.explore_epochs(len(owners))
+    every = int(secure["refresh_every"])
+    refreshes = epochs // every + 1 if every > 0 else 0
+    d_sketch = int(rows * width)
+    planned: dict[str, tuple[str, int, float, float, int, dict[str, Any]]] = {
+        "normalise": (
+            "moments",
+            2 * k + 1,
+            float(secure["eps_normalise"]),
+            sens_moments,
+            1,
+            {"bound": bound},
+        ),
+        "scan": ("sketch", d_sketch, float(secure["eps_scan"]), sens_sketch, 1, sketch),
+    }
+    if refreshes:
+        eps = float(secure["eps_refresh"])
+        planned["refresh"] = ("sketch_delta", d_sketch, eps, sens_sketch, refreshes, sketch)
+    rounds = SecureSumPlan.calibrated(
+        dca,
+        delta,
+        planned,
+        neighbouring=record_relation(relation),
+        per_round={"refresh": ("base_rounds",)},  # which records a delta covers
+    )
+    plan = {
+        "config": dca,
+        "rounds": rounds,
+        "n_features": k,
+        "refresh_every": every,
+        "timeout": max(2.0, config.deadline_seconds),
+        "sketch": sketch,
+        "neighbouring": record_relation(relation),  # every round's, as the plan's
+    }
+    behaviours = {o: "withhold" for o in config.faults.colluders}  # a simulated fault
+    return SecurePrep(dca, node_keys, OperatorTrust(dca, pins, rounds, behaviours), plan)
+
+
+def secure_phases(
+    config: MarketConfig,
+    prep: SecurePrep | None,
+    market: RayMarket,
+    snapshot: Any,
+    journal: Path | None = None,
+) -> dict[str, Any]:
+    """Spawn the compute nodes and run normalise + scan through the curator's hub; with
+    ``[privacy].refresh_every`` the nodes stay up for the refresh rounds
+    (actors/parties/refresh.py).
+
+    A curator actor lost during them (``RayActorError``: killed, crashed) is respawned from
+    ``journal`` up to MAX_CURATOR_RESTARTS times and continues the same session: rounds it
+    journaled are reused, an opened one is charged once and not run again
+    (actors/parties/securephase_journal.py)."""
+    import ray
+
+    if prep is None:
+        if (done := journaled_summary(snapshot)) is not None:
+            return done | {"resumed": "journaled before the driver restarted"}
+        return {"skipped": "disabled" if not config.secure["enabled"] else "resumed run"}
+    handles = _spawn_nodes(prep, market)
+    for name in config.faults.kill_compute:  # simulated compute-node crash
+        if name in handles:
+            ray.kill(handles[name], no_restart=True)
+    progress("owners: compiling sketch kernels")
+    gather_alive([h.warm_up.remote() for h in unique_actors(market.owners)])
+    progress("secure sums: normalise and scan")
+    market.compute_nodes = handles  # killed with the market
+    restarts = 0
+    while True:
+        call = market.curator.secure_phases.remote(handles, market.owners, prep.plan, restarts > 0)
+        try:
+            result: dict[str, Any] = ray.get(call)
+            break
+        except ray.exceptions.RayActorError:
+            if journal is None or restarts >= MAX_CURATOR_RESTARTS or not journal.exists():
+                raise
+            progress("curator lost in the secure sums: resuming from its journal")
+            market.curator = market.spawn_curator(json.loads(journal.read_text(encoding="utf-8")))
+            restarts += 1
+    result["curator_restarts"] = restarts
+    if not config.secure["refresh_every"]:  # no refresh rounds later: the nodes can go now
+        for handle in handles.values():
+            ray.kill(handle)
+        market.compute_nodes = {}
+    print(file=sys.stderr)
+    return result
+
+
+def gather_alive(calls: list[Any]) -> list[Any]:
+    """``ray.get`` of each call, None for one whose actor died (``RayActorError``): an owner
+    lost before the secure sums is absent from their rounds, and the rounds' T-tolerance
+    decides (actors/parties/dca.py), not an exception here."""
+    import ray
+
+    out: list[Any] = []
+    for call in calls:
+        try:
+            out.append(ray.get(call))
+        except ray.exceptions.RayActorError:
+            out.append(None)
+    return out
+
+
+def _spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
+    """Each compute node's actor gets its private key (made in :func:`prepare_secure`) and the
+    owners' public keys, which the operator asks the owners for directly (never through the
+    curator): a registration under another key is refused at the node; and the round plan,
+    so a node opens no round below the plan's sigma floor or beyond its count."""
+
+    from dpmarket.actors.cluster.placement import preflight_owners
+    from dpmarket.actors.parties.compute import ComputeNodeActor
+    from dpmarket.protocol.securesum.sealing import generate_keypair
+
+    owners, dca = market.owners, prep.config
+    publics = gather_alive([owners[o].dca_identity.remote(o) for o in dca.clients])
+    # an owner whose actor died before it answered is pinned to a key nobody holds (its
+    # private half is dropped here): it cannot register, so it is absent from every round
+    client_keys = {
+        o: key if key is not None else generate_keypair()[1]
+        for o, key in zip(dca.clients, publics, strict=True)
+    }
+    nodes = {
+        name: ComputeNodeActor.options(  # type: ignore[attr-defined]
+            **actor_options(market.run_id, name)
+        ).remote(dca, name, prep.node_keys[name], client_keys, prep.trust.plan)
+        for name in dca.nodes
+    }
+    preflight_owners(nodes, {}, {})  # each runs the driver's dpmarket, or refused by name
+    return nodes
+
+
+def standardize(
+    config: MarketConfig, inputs: OwnerInputs, market: RayMarket, secure: Any, snapshot: Any
+) -> dict[str, Any]:
+    """Standardise the features h1 hashes with the normalise round's DP means and spreads.
+
+    Post-processing of a release every owner was already charged for, skipped (with the reason)
+    when the released DP count is below 3 sigma of its noise (protocol/summary/snr.py); the
+    spreads are floored at 1e-3 of the public clip bound so a (noisy) constant feature cannot
+    blow up. The kernel width is then the median heuristic on the public seed set in
+    standardised units, unless the config fixes ``[data].gamma``.
+    """
+    import ray
+
+    normalise = secure.get("normalise", {}) if isinstance(secure, dict) else {}
+    if snapshot is not None and snapshot.get("state") != "new":
+        return {"applied": False, "reason": "resumed run: the journal holds the standardisation"}
+    if not config.secure["standardize"] or normalise.get("status") != "released":
+        reason = "disabled" if not config.secure["standardize"] else "no normalise release"
+        return {"applied": False, "reason": reason}
+    useful, why = standardisation_verdict(float(normalise["count"]), float(normalise["sigma"]))
+    if not useful:  # decided from the DP release alone (post-processing)
+        print(f"dpmarket: WARNING: standardisation skipped: {why}", file=sys.stderr)
+        return {"applied": False, "reason": why}
+    bound = float(config.data.get("bound", 10.0))
+    center = np.asarray(normalise["mean"], dtype=np.float64)
+    scale = np.maximum(np.asarray(normalise["std"], dtype=np.float64), 1e-3 * bound)
+    if "gamma" in config.data:
+        gamma = float(config.data["gamma"])
+    else:
+        gamma = median_heuristic_gamma((inputs.seed_set - center) / scale)
+    ray.get(market.curator.standardize.remote(center.tolist(), scale.tolist(), gamma))
+    return {"applied": True, "center": center.tolist(), "scale": scale.tolist(), "gamma": gamma}
+
+
+def summarise(
+    config: MarketConfig, market: RayMarket, plan: FaultPlan, journal: Path, snapshot: Any
+) -> Any:
+    """The summary phase: the curator's epochs, with a crashed curator respawned from its
+    journal (at most MAX_CURATOR_RESTARTS times); the curator's payload."""
+    import ray
+
+    # a simulated curator crash happens inside the curator's process at that epoch (exactly
+    # there, however fast the epochs run); a real one anywhere. Both resume from the journal.
+    # A journal from before the epochs (state "new") is a run that never reached them.
+    fresh = snapshot is None or snapshot.get("state") == "new"
+    crash_at = config.faults.kill_curator_at if fresh else None
+    run_ref = market.curator.run.remote(market.owners, plan, crash_at)
+    restarts = 0
+    try:
+        while True:
+            ready, _ = ray.wait([run_ref], timeout=0.25)
+            if ready:
+                try:
+                    payload: dict[str, Any] = ray.get(run_ref)
+                    payload["curator_restarts"] = restarts
+                    return payload
+                except ray.exceptions.RayActorError:
+                    if restarts >= MAX_CURATOR_RESTARTS or not journal.exists():
+                        raise
+                    progress("curator lost: resuming from its journal")
+                    market.curator = market.spawn_curator(
+                        json.loads(journal.read_text(encoding="utf-8"))
+                    )
+                    run_ref = market.curator.run.remote(market.owners, plan)
+                    restarts += 1
+                    continue
+            try:
+                status = ray.get(market.curator.progress.remote())
+            except ray.exceptions.RayActorError:
+                continue  # the run call reports the loss
+            progress(
+                f"epoch {status['epoch']:>5}  summary {status['summary_size']:>5}/"
+                f"{config.summary_size}  lost {len(status['lost'])}"
+            )
+    finally:
+        print(file=sys.stderr)

@@ -1,0 +1,1 @@
+"""Studies: many simulated markets over a grid of settings, with verdicts per cell."""
