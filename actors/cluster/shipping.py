@@ -153,7 +153,7 @@ def require_same_code(reports: dict[str, dict[str, Any]]) -> None:
                 f"dpmarket {theirs.get('version')} ({theirs.get('fingerprint')}, from "
                 f"{theirs.get('path')}); the driver runs {mine['version']} "
                 f"({mine['fingerprint']}, from {mine['path']}): refused. Ship the driver's code "
-                '(README "Deploying") or install the same version on every node'
+                "(docs/guide/deploying.md) or install the same version on every node"
             )
 
 

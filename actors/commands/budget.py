@@ -17,7 +17,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from dpmarket.actors.budgets.store import StoreError, read_store, spending
+from dpmarket.actors.budgets.reading import read_store, spending
+from dpmarket.actors.budgets.store import StoreError
 from dpmarket.actors.config.market import ConfigError
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent

@@ -156,7 +156,8 @@ def check_existing_store(path: str, owner: str, store: Path, blocked: bool = Fal
     that holds charges to blocks: it would charge those records against the whole-store budget
     alone (actors/budgets/store.py, "Per record"). Another block size is fine: records keep the
     blocks the store gave them."""
-    from dpmarket.actors.budgets.store import BLOCKS_KEY, StoreError, read_store
+    from dpmarket.actors.budgets.reading import read_store
+    from dpmarket.actors.budgets.store import BLOCKS_KEY, StoreError
 
     if not store.exists():
         return

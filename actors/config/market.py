@@ -44,7 +44,7 @@ def check_keys(section: str, table: dict[str, Any], allowed: set[str]) -> None:
 
 
 # ------------------------------------------------------------------------ the market run
-_MARKET_SECTIONS = {
+MARKET_SECTIONS = {
     "run": {"name", "seed", "out", "deadline_seconds", "reproducible_noise", "noise_seed"},
     "market": {
         "owners",
@@ -129,9 +129,9 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     for item in sets or []:
         checks.apply_set(data, item)
     check_keys(
-        f"{name}: top level", data, set(_MARKET_SECTIONS) | {"owners", "consumer", "requests"}
+        f"{name}: top level", data, set(MARKET_SECTIONS) | {"owners", "consumer", "requests"}
     )
-    for section, allowed in _MARKET_SECTIONS.items():
+    for section, allowed in MARKET_SECTIONS.items():
         if not isinstance(data.get(section, {}), dict):
             raise ConfigError(f"{name}: [{section}]: expected a table, got {data[section]!r}")
         check_keys(f"{name}: {section}", data.get(section, {}), allowed)
@@ -199,7 +199,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         placement=parse_placements(name, data.get("owners", {}), owners, OWNER_BUDGET_KEYS),
     )
     budgets, consumer = parse_budget_tables(name, data, owners, config.delta, PLACEMENT_KEYS)
-    requests = parse_requests(name, data, source, frozenset(_MARKET_SECTIONS["summary"]))
+    requests = parse_requests(name, data, source, frozenset(MARKET_SECTIONS["summary"]))
     config = dataclasses.replace(
         config, budgets=budgets, consumer_budget=consumer, requests=requests
     )

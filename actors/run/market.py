@@ -33,6 +33,7 @@ from dpmarket.actors.parties.faults import FaultPlan, fault_verdicts
 from dpmarket.actors.randomness import public_generator
 from dpmarket.actors.run.budgets import budget_report, consumer_refusal, ledger_run_id, owner_gates
 from dpmarket.actors.run.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
+from dpmarket.actors.run.outputs import mmd2_by_prefix
 from dpmarket.actors.run.phases import (
     SecurePrep,
     prepare_secure,
@@ -41,7 +42,7 @@ from dpmarket.actors.run.phases import (
     summarise,
 )
 from dpmarket.actors.run.preflight import RunPlan, plan_run
-from dpmarket.actors.run.report import CONSUMER_REPORT, mmd2_by_prefix, write_outputs
+from dpmarket.actors.run.report import CONSUMER_REPORT, write_outputs
 from dpmarket.actors.run.spawn import OwnerInputs, RayMarket, spawn_market
 from dpmarket.actors.run.survivors import survivor_reports
 from dpmarket.protocol.summary.objective import mmd2

@@ -128,7 +128,6 @@ Files: ``report.json`` and ``privacy.png`` (public); ``report.private.json``, ``
 
 from __future__ import annotations
 
-import csv
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,9 +138,9 @@ import numpy.typing as npt
 
 from dpmarket.actors.parties.curator import write_json_atomic
 from dpmarket.actors.run.budgets import public_budgets
+from dpmarket.actors.run.outputs import write_plots, write_summary
 from dpmarket.protocol.privacy.epsilons import epsilon_value, party_epsilons
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
-from dpmarket.protocol.summary.objective import rbf_gram
 
 __all__ = [
     "CONSUMER_FIELDS",
@@ -153,7 +152,6 @@ __all__ = [
     "REPORT_SCHEMA",
     "Reports",
     "consumer_report",
-    "mmd2_by_prefix",
     "privacy_section",
     "public_report",
     "split_secure_phases",
@@ -235,76 +233,6 @@ def privacy_section(
         raise ValueError(f"privacy: the parties' events mix relations {sorted(relations)}")
     out["neighbouring"] = relations.pop() if relations else None
     return out
-
-
-def mmd2_by_prefix(S: F64, target: F64, gamma: float) -> F64:
-    """MMD^2(S[:k], target) for k = 1..len(S), in O(|S| (|S| + |target|)) kernel evaluations."""
-    if len(S) == 0:
-        return np.zeros(0)
-    K_ss = rbf_gram(S, S, gamma)
-    cross = rbf_gram(S, target, gamma).sum(axis=1)
-    tt = float(rbf_gram(target, target, gamma).mean())
-    k = np.arange(1, len(S) + 1, dtype=np.float64)
-    lower = np.tril(K_ss)
-    within = np.cumsum(2 * lower.sum(axis=1) - np.diag(K_ss))
-    return np.asarray(within / k**2 - 2 * np.cumsum(cross) / (k * len(target)) + tt)
-
-
-def _write_summary(out: Path, payload: dict[str, Any]) -> None:
-    points = payload["points"]
-    features = points if points is not None else payload["hashed"]
-    prov = payload["provenance"]
-    with (out / "summary.csv").open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        kind = "x" if points is not None else "h"
-        writer.writerow(
-            ["owner", "token", "epoch", "bid", "gain", "label"]
-            + [f"{kind}{i}" for i in range(features.shape[1] if len(features) else 0)]
-        )
-        for row, p, label in zip(features, prov, payload["labels"], strict=True):
-            writer.writerow(
-                [p["owner"], p["token"], p["epoch"], p["bid"], p["gain"], label, *row.tolist()]
-            )
-    np.savez(
-        out / "summary.npz",
-        features=features,
-        labels=payload["labels"],
-        owners=np.array([p["owner"] for p in prov]),
-        tokens=np.array([p["token"] for p in prov], dtype=np.int64),
-        epochs=np.array([p["epoch"] for p in prov], dtype=np.int64),
-        hashed=payload["points"] is None,
-    )
-
-
-def _plots(out: Path, privacy: dict[str, Any], curves: dict[str, F64]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if curves:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, curve in curves.items():
-            ax.plot(np.arange(1, len(curve) + 1), curve, label=name)
-        ax.set_xlabel("summary size (epoch)")
-        ax.set_ylabel("MMD$^2$ to the test set")
-        ax.set_yscale("log")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "mmd_by_epoch.png", dpi=100)
-        plt.close(fig)
-    parties = sorted(privacy["parties"])
-    values = [privacy["parties"][p]["pld"] for p in parties]
-    fig, ax = plt.subplots(figsize=(6, 3))
-    heights = [v if isinstance(v, float | int) else 0.0 for v in values]
-    ax.bar(parties, heights)
-    for i, (v, h) in enumerate(zip(values, heights, strict=True)):
-        ax.text(i, h, f"{v:.2f}" if isinstance(v, float | int) else "inf", ha="center")
-    ax.set_ylabel(f"epsilon at delta={privacy['delta']:g}")
-    ax.set_title("privacy ledger (PLD) per protected party")
-    fig.tight_layout()
-    fig.savefig(out / "privacy.png", dpi=100)
-    plt.close(fig)
 
 
 def split_secure_phases(secure: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -450,13 +378,13 @@ def write_outputs(
     """Write the summary files, both reports and the plots into ``out``. The public report is
     written last: its presence marks a finished run (``run_market`` checks it)."""
     out.mkdir(parents=True, exist_ok=True)
-    _write_summary(out, payload)
+    write_summary(out, payload)
     privacy = privacy_section(payload["ledgers"], delta, colluders)
     reports = Reports(
         public_report(run, payload, privacy, colluders, timings),
         consumer_report(payload, timings, utility, int(run.get("validation_size", 0))),
     )
-    _plots(out, privacy, curves or {})
+    write_plots(out, privacy, curves or {})
     write_json_atomic(out / CONSUMER_REPORT, reports.consumer)
     write_json_atomic(out / PUBLIC_REPORT, reports.public)
     return reports

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from dpmarket.actors.budgets.gate import BudgetGate, OwnerBudget, OwnerGate
-from dpmarket.actors.budgets.store import LedgerStore, read_store
+from dpmarket.actors.budgets.reading import read_store
+from dpmarket.actors.budgets.store import LedgerStore
 from dpmarket.actors.parties.dcaowner import gated_contribute
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, MechanismEvent

@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpmarket.actors.budgets.gate import BudgetDeclined, BudgetGate, OwnerBudget, OwnerGate
-from dpmarket.actors.budgets.store import StoreError, read_store
+from dpmarket.actors.budgets.reading import read_store
+from dpmarket.actors.budgets.store import StoreError
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, MechanismEvent
 from dpmarket.protocol.securesum.spec import RoundSpec

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dpmarket.actors.budgets.gate import BudgetGate, OwnerBudget, OwnerGate
-from dpmarket.actors.budgets.store import read_store
+from dpmarket.actors.budgets.reading import read_store
 from dpmarket.actors.config.market import ConfigError, load_market_config
 from dpmarket.actors.parties.dcaowner import gated_contribute
 from dpmarket.protocol.privacy.filter import RenyiFilter

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.budgets.store import LedgerStore, StoreError, read_store
+from dpmarket.actors.budgets.reading import read_store
+from dpmarket.actors.budgets.store import LedgerStore, StoreError
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent, PrivacyLedger
 

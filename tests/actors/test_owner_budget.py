@@ -14,7 +14,7 @@ from dpmarket.actors.budgets.gate import (
     OwnerBudget,
     OwnerGate,
 )
-from dpmarket.actors.budgets.store import read_store
+from dpmarket.actors.budgets.reading import read_store
 from dpmarket.actors.config.market import ConfigError, load_market_config
 from dpmarket.actors.parties.refresh import REFRESH_LABEL
 from dpmarket.actors.parties.securephase_journal import LABELS

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dpmarket.actors.budgets.gate import BudgetDeclined, BudgetGate, OwnerBudget, OwnerGate
-from dpmarket.actors.budgets.store import read_store
+from dpmarket.actors.budgets.reading import read_store
 from dpmarket.actors.parties.dcaowner import gated_contribute
 from tests.actors.test_dcaowner import SKETCH, _records, _session, _set_up
 

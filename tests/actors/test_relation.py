@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from dpmarket.actors.budgets.gate import OwnerGate, session_id
-from dpmarket.actors.budgets.store import read_store
+from dpmarket.actors.budgets.reading import read_store
 from dpmarket.actors.config.market import ConfigError, load_market_config
 from dpmarket.actors.config.scenarios import make_market_scenario
 from dpmarket.actors.parties.dca import record_for_owners

@@ -21,7 +21,7 @@ from dpmarket.actors.config.market import ConfigError
 def test_the_built_package_imports_as_dpmarket_with_the_drivers_identity(tmp_path: Path) -> None:
     package = build_package(tmp_path / "ship")
     assert package == tmp_path / "ship" / "dpmarket"
-    assert (package / "actors" / "shipping.py").is_file()
+    assert (package / "actors" / "cluster" / "shipping.py").is_file()
     assert not list(package.rglob("__pycache__"))
     probe = (
         "import json; from dpmarket.actors.cluster.shipping import code_identity as c; "

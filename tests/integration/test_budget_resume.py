@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.budgets.store import StoreError, read_store
+from dpmarket.actors.budgets.reading import read_store
+from dpmarket.actors.budgets.store import StoreError
 from dpmarket.actors.commands.main import main
 from tests.integration.test_market import ROOT, SMALL
 from tests.integration.test_secure_resume import _journal, _started_by

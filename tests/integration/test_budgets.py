@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.actors.budgets.store import read_store
+from dpmarket.actors.budgets.reading import read_store
 from dpmarket.actors.commands.main import main
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpmarket.actors.budgets.store import read_store
+from dpmarket.actors.budgets.reading import read_store
 from dpmarket.actors.commands.main import main
 from dpmarket.streams.synthetic import gaussian_mixture_shift
 

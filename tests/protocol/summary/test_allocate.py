@@ -194,7 +194,7 @@ def test_a_curious_owner_sees_another_owner_only_through_its_profile(
     )  # fmt: skip
     params = dataclasses.replace(base, **plan_allocation(1.0, 1e-5, base.p, 15, rule))
     a, b = scenario.owner_names[3], scenario.owner_names[1]
-    fixed: np.ndarray | None = None
+    fixed: tuple[np.ndarray, int] | None = None
     views = []
     for variant in range(2):
         owners = []
@@ -203,8 +203,8 @@ def test_a_curious_owner_sees_another_owner_only_through_its_profile(
                 X, y = scenario.owners[2][0] + 0.5, scenario.owners[2][1]
             rng = np.random.default_rng([5, i])
             owners.append(Owner(n, RUN, X, y, rng=rng, profile_floor=params.profile_floor))
-        if fixed is not None:
-            owners[1]._profile = fixed.copy()  # B's release, as published in the first run
+        if fixed is not None:  # B's release (profile and count), as published in the first run
+            owners[1]._profile, owners[1]._profile_records = fixed[0].copy(), fixed[1]
         seen: list[Message] = []
 
         def record(msg: Message, seen: list[Message] = seen) -> bool:
@@ -216,7 +216,8 @@ def test_a_curious_owner_sees_another_owner_only_through_its_profile(
         transport = LoopbackTransport([curator, *owners], faults=FaultPlan(drop=record))
         transport.send(curator.start())
         transport.run_until(lambda curator=curator: curator.done)
-        fixed = owners[1]._profile
+        assert owners[1]._profile is not None
+        fixed = (owners[1]._profile, owners[1]._profile_records)
         assert curator.quotas is not None and curator.quotas[a] > 0 and curator.quotas[b] > 0
         b_points = sorted(e.token for e in curator.pool.entries if e.owner == b)
         views.append(([encode(m) for m in seen], curator.ledgers[a].to_dict(), b_points))

@@ -48,7 +48,9 @@ def test_h1_shape_dtype_range_and_single_point() -> None:
     assert np.abs(out).max() <= math.sqrt(2 / 64) * (1 + 1e-6)
     single = h1(X[3])
     assert single.shape == (64,)
-    np.testing.assert_array_equal(single, out[3])
+    # float32 BLAS: a 1-row and a 40-row matmul may round the last bit differently (seen with
+    # numpy 2.4.6's OpenBLAS); the hash of one point is the same to float32 precision
+    np.testing.assert_allclose(single, out[3], rtol=0, atol=4 * np.finfo(np.float32).eps)
     assert h1(np.zeros((0, 5))).shape == (0, 64)
 
 
