@@ -41,7 +41,7 @@ from dpmarket.actors.dca import record_for_owners
 from dpmarket.actors.dcaowner import contribution
 from dpmarket.actors.faults import FaultPlan
 from dpmarket.actors.market import make_market_scenario
-from dpmarket.actors.phases import prepare_secure
+from dpmarket.actors.phases import prepare_secure, standardisation_of
 from dpmarket.actors.randomness import NoiseSource, public_generator
 from dpmarket.actors.runner import OwnerInputs
 from dpmarket.actors.securephase_journal import LABELS, moments_summary
@@ -55,7 +55,7 @@ from dpmarket.protocol.summary.curator import Curator
 from dpmarket.protocol.summary.objective import greedy_exact, mmd2, uniform_sample
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.summary.snr import standardisation_verdict
-from dpmarket.streams.synthetic import Scenario, median_heuristic_gamma
+from dpmarket.streams.synthetic import Scenario
 
 __all__ = ["FaultDraw", "draw_faults", "owner_values", "run_trial", "trial_seed"]
 
@@ -191,12 +191,8 @@ def _standardize(
     if not useful:
         return
     bound = float(config.data.get("bound", 10.0))
-    center = np.asarray(summary["mean"], dtype=np.float64)
-    scale = np.maximum(np.asarray(summary["std"], dtype=np.float64), 1e-3 * bound)
-    gamma = float(config.data["gamma"]) if "gamma" in config.data else None
-    if gamma is None:
-        gamma = median_heuristic_gamma((scenario.seed_set - center) / scale)
-    curator.standardize(center.tolist(), scale.tolist(), gamma)
+    standard = standardisation_of(summary, bound, scenario.seed_set, config.data.get("gamma"))
+    curator.standardize(list(standard.center), list(standard.scale), standard.gamma)
 
 
 def _coalition_ledger(
@@ -293,12 +289,15 @@ def run_trial(
     epoch_range: tuple[int, int],
     vary_data: bool = True,
     draw: FaultDraw | None = None,
+    scenario: Scenario | None = None,
 ) -> dict[str, Any]:
-    """Run one trial (module docstring); ``draw`` replays given faults instead of drawing."""
+    """Run one trial (module docstring); ``draw`` replays given faults instead of drawing;
+    ``scenario`` replaces the config's simulated data (a benchmark's own split)."""
     started = time.perf_counter()
     if vary_data:
         config = dataclasses.replace(config, seed=seed % (2**31))
-    scenario = make_market_scenario(config)
+    if scenario is None:
+        scenario = make_market_scenario(config)
     if draw is None:
         values = {}  # only drawn upon when the highest-value owners fail first
         if cell.who_fails == "highest-value":
