@@ -101,10 +101,14 @@ def _validate(config: MarketConfig, out: str | None) -> int:
     """Print the configuration and, for a files market, what each input file showed."""
     print(json.dumps(config.public_record(), indent=2, default=str))
     if config.source == "files":
-        print("\n".join(check_inputs(config).describe()))
+        checked = [check_inputs(config)]
+        print("\n".join(checked[0].describe()))
         for request in config.requests:  # each request's consumer files
             print(f"request {request.name}:")
-            print("\n".join(check_inputs(request_config(config, request)).describe()))
+            checked.append(check_inputs(request_config(config, request)))
+            print("\n".join(checked[-1].describe()))
+        for warning in dict.fromkeys(w for each in checked for w in each.warnings):
+            print(f"dpmarket: WARNING: {warning}", file=sys.stderr)
     print(f"out: {resolve_out(config, out)} (--out or [run].out, from the working directory)")
     print(f"{config.path}: valid", file=sys.stderr)
     return 0
