@@ -139,7 +139,7 @@ class MarketConfig:
         ``[summary].eps_validation`` re-plans the Gaussian validation release at that budget.
         ``[summary].allocate = true``, or a ``max_points`` without ``allocate = false``, adds
         allocate-select's plan (``max_points`` 1.5 p unless given; the histogram's noise spends
-        eps_owner).
+        eps_owner); with ``max_points`` alone, a ``[summary].explore_share`` is dropped.
         """
         eps_validation = self.overrides.get("eps_validation", PLAN_EPS_VALIDATION)
         if (
@@ -176,7 +176,13 @@ class MarketConfig:
             budget = budget if isinstance(budget, int) and budget >= p else None
             rule = "mixture" if self.overrides.get("allocation_rule") == "mixture" else "histogram"
             extra = plan_allocation(PLAN_EPS_OWNER, self.delta, p, budget, rule)
-        return dataclasses.replace(base, **(plan.overrides() | extra | self.overrides))
+        overrides = dict(self.overrides)
+        if extra and "allocate" not in overrides:
+            # max_points alone selects allocate-select, which replaces exploration by its
+            # allocation: the spelled-out herding-select's explore_share (as in the shipped
+            # examples) gives way rather than conflict (allocate = true with it still refuses)
+            overrides.pop("explore_share", None)
+        return dataclasses.replace(base, **(plan.overrides() | extra | overrides))
 
     def public_record(self) -> dict[str, Any]:
         """The configuration as recorded in report.json (all of it is public)."""

@@ -262,3 +262,18 @@ def test_lower_above_upper_names_the_feature(
     err = capsys.readouterr().err
     assert f"{config}:{_line(config, 'lower')}: [data].lower: feature 1 (column 1" in err
     assert "lower 0.9 > upper 0.5" in err
+
+
+@pytest.mark.parametrize("name", ["files-example.toml", "demo.toml"])
+def test_max_points_alone_selects_allocate_select_on_the_shipped_examples(name: str) -> None:
+    """README: ``max_points`` alone selects allocate-select, also where ``[summary]`` spells
+    out herding-select's explore_share = 1.0 (it gives way; allocate = true with it refuses)."""
+    from dpmarket.actors.config import load_market_config
+
+    path = ROOT / "configs" / name
+    assert main(["validate", str(path), "--set", "summary.max_points=60"]) == 0
+    params = load_market_config(path, ["summary.max_points=60"]).curator_params(0.1, 24)
+    assert params.allocate and params.max_points == 60 and params.explore_share == 0
+    if "explore_share" in path.read_text():
+        assert main(["validate", str(path), "--set", "summary.max_points=60",
+                     "--set", "summary.allocate=true"]) == 2  # fmt: skip
