@@ -61,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from dpmarket.actors.cluster.connect import connect
-    from dpmarket.actors.studies.actors import _actor_run, actor_faults
+    from dpmarket.actors.studies.actors import actor_faults, actor_run
     from dpmarket.actors.studies.config import load_study
     from dpmarket.actors.studies.report import summarise
     from dpmarket.actors.studies.run import run_study
@@ -83,7 +83,7 @@ def main() -> None:
         row = results[(i * len(results)) // max(1, args.actor_samples)]
         draw = actor_faults(row["faults"])
         tick = time.perf_counter()
-        verdict = _actor_run(study, row["cell"], row["seed"], draw, work / f"actor-{i}")
+        verdict = actor_run(study, row["cell"], row["seed"], draw, work / f"actor-{i}")
         actor_seconds.append(time.perf_counter() - tick)
         from dpmarket.actors.studies.trial import run_trial
 

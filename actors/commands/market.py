@@ -49,7 +49,7 @@ def print_plan(plan: RunPlan) -> None:
         )
 
 
-def _check_plan(strict: bool) -> Any:
+def check_plan(strict: bool) -> Any:
     """The run's ``before_start``: print the table, warn; with ``strict`` refuse on a warning."""
 
     def check(plan: RunPlan) -> None:
@@ -83,7 +83,7 @@ def _market(args: argparse.Namespace) -> int:
             config,
             Path(args.out) if args.out else None,
             args.address,
-            before_start=_check_plan(args.strict),
+            before_start=check_plan(args.strict),
             connected=_ray_line,
         )
     if outcome.report is not None:
@@ -102,10 +102,14 @@ def _validate(config: MarketConfig, out: str | None) -> int:
     """Print the configuration and, for a files market, what each input file showed."""
     print(json.dumps(config.public_record(), indent=2, default=str))
     if config.source == "files":
-        print("\n".join(check_inputs(config).describe()))
+        checked = [check_inputs(config)]
+        print("\n".join(checked[0].describe()))
         for request in config.requests:  # each request's consumer files
             print(f"request {request.name}:")
-            print("\n".join(check_inputs(config.for_request(request)).describe()))
+            checked.append(check_inputs(config.for_request(request)))
+            print("\n".join(checked[-1].describe()))
+        for warning in dict.fromkeys(w for each in checked for w in each.warnings):
+            print(f"dpmarket: WARNING: {warning}", file=sys.stderr)
     print(f"out: {resolve_out(config, out)} (--out or [run].out, from the working directory)")
     print(f"{config.path}: valid", file=sys.stderr)
     return 0

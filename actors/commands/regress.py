@@ -27,7 +27,7 @@ from dpmarket.protocol.regression.model import RegressionConfig
 __all__ = ["add_regress_parser"]
 
 
-def _load(name: str) -> tuple[np.ndarray, np.ndarray]:
+def load_records(name: str) -> tuple[np.ndarray, np.ndarray]:
     if name == "diabetes":
         from sklearn.datasets import load_diabetes
 
@@ -83,7 +83,7 @@ def _regress(args: argparse.Namespace) -> int:
             f"--reproducible-noise: refused with --data {args.data} (noise from a public seed "
             "would make the released statistics of private records reversible)"
         )
-    x, y = _load(args.data)
+    x, y = load_records(args.data)
     order = public_generator(args.seed).permutation(len(x))  # the public train/test split
     if args.reproducible_noise:
         print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)

@@ -87,8 +87,7 @@ def check_schema(config: MarketConfig) -> Schema:
         raise ConfigError(f"{_at(config, 'data', 'label_column')}: expected an integer")
     if label is not None and not 0 <= label <= k:
         raise ConfigError(
-            f"{_at(config, 'data', 'label_column')}: {label} is out of range: with features = "
-            f"{k} a record has {k + 1} columns, so the label is a column index 0..{k}"
+            f"{_at(config, 'data', 'label_column')}: {_label_range(config, k, label)}"
         )
     bounds: dict[str, tuple[float, ...]] = {}
     for key in ("lower", "upper"):
@@ -100,12 +99,44 @@ def check_schema(config: MarketConfig) -> Schema:
                 "(give one number for every feature, or a single number for all)"
             )
         bounds[key] = tuple(float(v) for v in values)
+    for i, (low, high) in enumerate(zip(bounds["lower"], bounds["upper"], strict=True)):
+        if low > high:
+            column = i if label is None or i < label else i + 1
+            raise ConfigError(
+                f"{_at(config, 'data', 'lower')}: feature {i} (column {column} of a row) has "
+                f"lower {low:g} > upper {high:g} ([data].upper)"
+            )
     if "header" in d and not isinstance(d["header"], bool):
         raise ConfigError(f"{_at(config, 'data', 'header')}: expected true or false")
     try:
         return Schema(k, bounds["lower"], bounds["upper"], label, policy)
     except SchemaError as exc:
         raise ConfigError(f"{_at(config, 'data', 'lower')}: {exc}") from None
+
+
+def _label_range(config: MarketConfig, k: int, label: int) -> str:
+    """Why ``label_column`` is out of range; when the first data file's rows are longer than
+    ``features + 1``, that ``features`` is short (the usual cause), with the file named."""
+    plain = (
+        f"{label} is out of range: with features = {k} a record has {k + 1} columns, so the "
+        f"label is a column index 0..{k}"
+    )
+    names = [n for names in config.data.get("files", {}).values() for n in names]
+    names += [config.data[key] for key in ("validation", "seed_set") if key in config.data]
+    for name in names[:1]:
+        path = data_path(config, str(name))
+        try:
+            columns = probe(path, Schema.box(1, 0.0, 1.0), header=config.data.get("header")).columns
+        except (OSError, ValueError):
+            return plain
+        if columns is not None and columns > k + 1:
+            more = columns - k - 1
+            return (
+                f"{plain}; the rows of {path} have {columns} values, {more} more than "
+                f"features + 1 = {k + 1}: [data].features = {k} is {more} short (set "
+                f"features = {columns - 1} for {columns - 1} features and the label)"
+            )
+    return plain
 
 
 @dataclass(frozen=True)
@@ -149,6 +180,20 @@ class InputsCheck:
         """Path -> whether its first line is a header to skip."""
         return {f.probe.path: f.probe.header for f in self.files}
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What looks wrong in the probed rows though every row decodes: a header line that is
+        all numbers (a record lost), a label column that does not look like a label."""
+        out = [
+            f"{f.probe.path}: [data].header = true but its first line is all numbers: it is "
+            "skipped as a header and that record is lost (set header = false, or omit it to "
+            "detect a header)"
+            for f in self.files
+            if f.probe.header_numeric
+        ]
+        label = label_warning(self.schema, self.files)
+        return tuple(out + ([label] if label else []))
+
     def describe(self) -> list[str]:
         s = self.schema
         label = "none" if s.label_column is None else f"column {s.label_column}"
@@ -157,6 +202,40 @@ class InputsCheck:
             f"policy {s.policy}"
         ]
         return lines + [line for f in self.files for line in f.describe()]
+
+
+LABEL_CLASSES = 10
+"""A label column with more distinct values than this and than half the probed rows, or with
+values that are not whole numbers, does not look like a class label."""
+
+
+def label_warning(schema: Schema, files: tuple[FileCheck, ...]) -> str | None:
+    """A warning when the declared label column does not look like a label (whole numbers,
+    few distinct values) in the probed rows of every file, naming the columns that do."""
+    if schema.label_column is None:
+        return None
+    labels = [v for f in files for v in f.probe.labels]
+    rows = [r for f in files for r in f.probe.features]
+    distinct = set(labels)
+    whole = all(float(v).is_integer() for v in labels)
+    if not labels or (whole and len(distinct) <= max(LABEL_CLASSES, len(labels) // 2)):
+        return None
+    shown = ", ".join(f"{v:g}" for v in sorted(distinct)[:4])
+    why = "values that are not whole numbers" if not whole else "many distinct values"
+    hint = ""
+    if rows:
+        columns = [
+            i if i < schema.label_column else i + 1
+            for i, values in enumerate(zip(*rows, strict=True))
+            if all(float(v).is_integer() for v in values) and len(set(values)) <= LABEL_CLASSES
+        ]
+        if columns:
+            hint = f"; column(s) {columns} hold a few whole numbers: is the label there?"
+    return (
+        f"[data].label_column = {schema.label_column} does not look like a label: "
+        f"{len(distinct)} distinct values in {len(labels)} probed rows, {why} ({shown}, ...)"
+        f"{hint} (a continuous target may ignore this)"
+    )
 
 
 def _values(raw: bytes, length: int) -> str:

@@ -20,7 +20,12 @@ from typing import Any
 import numpy as np
 
 from dpmarket.actors.harness.inprocess import run_inprocess
-from dpmarket.actors.harness.utility import _score, _Scores, mechanism_params, utility_scenario
+from dpmarket.actors.harness.utility import (
+    MechanismScores,
+    mechanism_params,
+    score_mechanism,
+    utility_scenario,
+)
 from dpmarket.actors.randomness import NoiseSource, public_generator
 from dpmarket.protocol.summary.allocate import plan_allocation
 from dpmarket.protocol.summary.curator import CuratorParams
@@ -93,7 +98,7 @@ def evaluate_parsimony(
     noise = noise or NoiseSource.secure()
     rows = []
     for dataset in datasets:
-        cells: dict[tuple[str, int, int], _Scores] = {}
+        cells: dict[tuple[str, int, int], MechanismScores] = {}
         budgets: dict[tuple[str, int], int] = {}
         for seed in seeds:
             scenario = utility_scenario(dataset, public_generator(seed))
@@ -103,18 +108,20 @@ def evaluate_parsimony(
                 exact = greedy_exact(X, scenario.validation, p, scenario.gamma)
                 uniform = uniform_sample(owner_of, p, public_generator([seed, p, 1]))
                 for name, idx in (("greedy", exact), ("uniform", uniform)):
-                    _score(cells.setdefault((name, p, 0), _Scores()), X[idx], y[idx], scenario)
+                    score_mechanism(
+                        cells.setdefault((name, p, 0), MechanismScores()), X[idx], y[idx], scenario
+                    )
                 for factor in factors:
                     cap = min(budget_of(factor, p, len(scenario.owners)), len(X))
                     budgets[(factor, p)] = cap
                     for mech in mechanisms:
-                        scores = cells.setdefault((mech, p, cap), _Scores())
+                        scores = cells.setdefault((mech, p, cap), MechanismScores())
                         if mech == "random-select":
                             bought = uniform_sample(owner_of, cap, public_generator([seed, p, 3]))
                             kept = bought[
                                 greedy_exact(X[bought], scenario.validation, p, scenario.gamma)
                             ]
-                            _score(scores, X[kept], y[kept], scenario)
+                            score_mechanism(scores, X[kept], y[kept], scenario)
                             scores.accessed.append(len(bought))
                             # no release to any owner: the purchase is public randomness and the
                             # selection goes to the consumer only (as in the -select mechanisms)
@@ -132,7 +139,7 @@ def evaluate_parsimony(
                         res = run.result
                         if res.points is None or len(res.points) == 0:
                             raise ValueError(f"{mech} returned no points ({res.reason})")
-                        _score(scores, res.points, res.labels, scenario)
+                        score_mechanism(scores, res.points, res.labels, scenario)
                         eps = [res.ledgers[o].epsilon(budget[2]) for o in scenario.owner_names]
                         scores.eps_owner.append(max(eps))
                         scores.eps_validation.append(res.ledgers["validation"].epsilon(budget[2]))
@@ -152,8 +159,8 @@ def _row(
     mech: str,
     p: int,
     cap: int,
-    scores: _Scores,
-    cells: dict[tuple[str, int, int], _Scores],
+    scores: MechanismScores,
+    cells: dict[tuple[str, int, int], MechanismScores],
     delta: float,
 ) -> dict[str, Any]:
     greedy, uniform = cells[("greedy", p, 0)], cells[("uniform", p, 0)]

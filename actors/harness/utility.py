@@ -154,7 +154,7 @@ def mechanism_params(
 
 
 @dataclass
-class _Scores:
+class MechanismScores:
     mmd2: list[float] = field(default_factory=list)
     svm: list[float] = field(default_factory=list)
     eps_owner: list[float] = field(default_factory=list)
@@ -163,13 +163,13 @@ class _Scores:
     transfers: list[float] = field(default_factory=list)
 
 
-def _score(scores: _Scores, X: F64, y: F64, scenario: Scenario) -> None:
+def score_mechanism(scores: MechanismScores, X: F64, y: F64, scenario: Scenario) -> None:
     scores.mmd2.append(mmd2(X, scenario.test_X, scenario.gamma))
     scores.svm.append(svm_accuracy(X, y, scenario.test_X, scenario.test_y.astype(np.float64)))
 
 
 def _run_mechanism(
-    scores: _Scores,
+    scores: MechanismScores,
     scenario: Scenario,
     params: CuratorParams,
     delta: float,
@@ -178,7 +178,7 @@ def _run_mechanism(
     res = run_inprocess(scenario, params, rng).result
     if res.points is None or len(res.points) == 0:
         raise ValueError(f"the private run returned no points ({res.reason})")
-    _score(scores, res.points, res.labels, scenario)
+    score_mechanism(scores, res.points, res.labels, scenario)
     owners = [res.ledgers[o].epsilon(delta) for o in scenario.owner_names]
     scores.eps_owner.append(max(owners))
     scores.eps_validation.append(res.ledgers["validation"].epsilon(delta))
@@ -209,7 +209,7 @@ def evaluate_utility(
     noise = noise or NoiseSource.secure()
     rows = []
     for dataset in datasets:
-        cells: dict[tuple[str, int], _Scores] = {}
+        cells: dict[tuple[str, int], MechanismScores] = {}
         for seed in seeds:
             scenario = utility_scenario(dataset, public_generator(seed))
             X, labels, owner_of = scenario.pooled()
@@ -218,12 +218,14 @@ def evaluate_utility(
                 exact = greedy_exact(X, scenario.validation, p, scenario.gamma)
                 uniform = uniform_sample(owner_of, p, public_generator([seed, p, 1]))
                 for name, idx in (("greedy", exact), ("uniform", uniform)):
-                    _score(cells.setdefault((name, p), _Scores()), X[idx], y[idx], scenario)
+                    score_mechanism(
+                        cells.setdefault((name, p), MechanismScores()), X[idx], y[idx], scenario
+                    )
                 for mech in mechanisms:
                     params = mechanism_params(
                         mech, dataset, p, scenario, seed, budget, explore_share
                     )
-                    scores = cells.setdefault((mech, p), _Scores())
+                    scores = cells.setdefault((mech, p), MechanismScores())
                     rng = noise.generator(f"utility:{dataset}:{mech}:{seed}:{p}")
                     _run_mechanism(scores, scenario, params, budget[2], rng)
                     if params.final_selection == "exact":  # same purchase, bought at random
@@ -232,14 +234,16 @@ def evaluate_utility(
                         kept = bought[
                             greedy_exact(X[bought], scenario.validation, p, scenario.gamma)
                         ]
-                        baseline = cells.setdefault((f"{mech}|uniform-select", p), _Scores())
-                        _score(baseline, X[kept], y[kept], scenario)
+                        baseline = cells.setdefault(
+                            (f"{mech}|uniform-select", p), MechanismScores()
+                        )
+                        score_mechanism(baseline, X[kept], y[kept], scenario)
         rows += [_row(dataset, mech, p, cells, budget[2]) for mech in mechanisms for p in p_values]
     return rows
 
 
 def _row(
-    dataset: str, mech: str, p: int, cells: dict[tuple[str, int], _Scores], delta: float
+    dataset: str, mech: str, p: int, cells: dict[tuple[str, int], MechanismScores], delta: float
 ) -> dict[str, Any]:
     private, greedy, uniform = cells[(mech, p)], cells[("greedy", p)], cells[("uniform", p)]
     mean = {k: float(np.mean(v.mmd2)) for k, v in (("p", private), ("g", greedy), ("u", uniform))}

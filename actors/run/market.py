@@ -236,7 +236,8 @@ def run_market(
     if config.requests:  # several purchases: actors/run/requests.py run_requests
         raise ConfigError(f"{config.path}: [[requests]]: bought by run_requests, not run_market")
     out = resolve_out(config, out)
-    headers = check_inputs(config).headers if config.source == "files" else {}
+    checked = check_inputs(config) if config.source == "files" else None
+    headers = checked.headers if checked is not None else {}
     journal_dir = out / JOURNAL_DIR
     if snapshot is None and (out / "report.json").exists():
         raise ConfigError(f"{out}: already holds a finished run (report.json); choose --out")
@@ -244,6 +245,8 @@ def run_market(
     attempt_dir = out / ".ingest" / f"attempt-{attempt}"
     inputs = market_inputs(config, out, headers, attempt_dir)
     run_plan = plan_run(config, inputs.owners, inputs.gamma, inputs.files)
+    if checked is not None and checked.warnings:  # printed (or refused, --strict) before Ray
+        run_plan = dataclasses.replace(run_plan, warnings=run_plan.warnings + checked.warnings)
     if before_start is not None and snapshot is None:
         before_start(run_plan)
     journal_dir.mkdir(parents=True, exist_ok=True)

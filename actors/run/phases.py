@@ -31,7 +31,7 @@ from dpmarket.protocol.summary.snr import (
     sketch_sensitivity,
     standardisation_verdict,
 )
-from dpmarket.streams.synthetic import median_heuristic_gamma
+from dpmarket.protocol.summary.standardise import Standardisation, standardisation
 
 __all__ = [
     "MAX_CURATOR_RESTARTS",
@@ -39,6 +39,7 @@ __all__ = [
     "prepare_secure",
     "progress",
     "secure_phases",
+    "standardisation_of",
     "standardize",
     "summarise",
 ]
@@ -187,7 +188,7 @@ def secure_phases(
         if (done := journaled_summary(snapshot)) is not None:
             return done | {"resumed": "journaled before the driver restarted"}
         return {"skipped": "disabled" if not config.secure["enabled"] else "resumed run"}
-    handles = _spawn_nodes(prep, market)
+    handles = spawn_nodes(prep, market)
     for name in config.faults.kill_compute:  # simulated compute-node crash
         if name in handles:
             ray.kill(handles[name], no_restart=True)
@@ -231,7 +232,7 @@ def gather_alive(calls: list[Any]) -> list[Any]:
     return out
 
 
-def _spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
+def spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     """Each compute node's actor gets its private key (made in :func:`prepare_secure`) and the
     owners' public keys, which the operator asks the owners for directly (never through the
     curator): a registration under another key is refused at the node; and the round plan,
@@ -264,11 +265,14 @@ def standardize(
 ) -> dict[str, Any]:
     """Standardise the features h1 hashes with the normalise round's DP means and spreads.
 
-    Post-processing of a release every owner was already charged for, skipped (with the reason)
-    when the released DP count is below 3 sigma of its noise (protocol/summary/snr.py); the
-    spreads are floored at 1e-3 of the public clip bound so a (noisy) constant feature cannot
-    blow up. The kernel width is then the median heuristic on the public seed set in
-    standardised units, unless the config fixes ``[data].gamma``.
+    Post-processing of a release every owner was already charged for (and of the public seed
+    set and bound: no privacy cost), skipped (with the reason) when the released DP count is
+    below 3 sigma of its noise (protocol/summary/snr.py). Then per feature
+    (protocol/summary/standardise.py): a spread whose DP variance is not 3 standard errors of
+    its own noise above zero keeps the public scale (1, as with ``standardize = false``), and
+    no scale falls below a tenth of the seed set's spread, so the kernel width, the median
+    heuristic on the public seed set in standardised units unless the config fixes
+    ``[data].gamma``, cannot collapse. The per-feature decisions go to the public report.
     """
     import ray
 
@@ -283,14 +287,27 @@ def standardize(
         print(f"dpmarket: WARNING: standardisation skipped: {why}", file=sys.stderr)
         return {"applied": False, "reason": why}
     bound = float(config.data.get("bound", 10.0))
-    center = np.asarray(normalise["mean"], dtype=np.float64)
-    scale = np.maximum(np.asarray(normalise["std"], dtype=np.float64), 1e-3 * bound)
-    if "gamma" in config.data:
-        gamma = float(config.data["gamma"])
-    else:
-        gamma = median_heuristic_gamma((inputs.seed_set - center) / scale)
-    ray.get(market.curator.standardize.remote(center.tolist(), scale.tolist(), gamma))
-    return {"applied": True, "center": center.tolist(), "scale": scale.tolist(), "gamma": gamma}
+    result = standardisation_of(normalise, bound, inputs.seed_set, config.data.get("gamma"))
+    ray.get(
+        market.curator.standardize.remote(list(result.center), list(result.scale), result.gamma)
+    )
+    return {"applied": True} | result.report()
+
+
+def standardisation_of(
+    normalise: dict[str, Any], bound: float, seed_set: Any, gamma: Any
+) -> Standardisation:
+    """The per-feature standardisation from a released normalise summary (``moments_summary``)
+    and the public seed set; ``gamma`` (the config's ``[data].gamma``) fixes the kernel width."""
+    return standardisation(
+        normalise["mean"],
+        normalise["std"],
+        max(float(normalise["count"]), 1.0),
+        float(normalise["sigma"]),
+        bound,
+        seed_set,
+        None if gamma is None else float(gamma),
+    )
 
 
 def summarise(

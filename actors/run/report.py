@@ -43,10 +43,11 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
 - ``timings``: ``start`` and ``ingest_and_summarise`` seconds (wall clock the owners observe).
 - ``secure_phases``: the secure-sum rounds' DP releases and their noise: ``normalise`` (DP pool
   count, per-feature means and spreads; with ``standardize`` on, owners also receive the means
-  and floored spreads as h1's center and scale in the setup frame), ``scan`` and each entry of
+  and per-feature scales as h1's center and scale in the setup frame), ``scan`` and each entry of
   ``refreshes`` without their coverage (status, sigma, owners missing; a refresh's
-  ``records_estimate`` reads the DP pool sketch alone), ``standardize`` (center, scale, gamma:
-  post-processing of normalise and of the public seed set; or ``applied`` false and the
+  ``records_estimate`` reads the DP pool sketch alone), ``standardize`` (center, scale, gamma,
+  per feature "dp" or "public" in ``features``: post-processing of normalise and of the
+  public seed set; or ``applied`` false and the
   ``reason``, e.g. a DP count below 3 sigma), the compute nodes, T, the share
   scheme, absent owners and errors. Any key of a round outside :data:`PUBLIC_SECURE` goes to
   the consumer's report.

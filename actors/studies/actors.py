@@ -51,7 +51,7 @@ def actor_faults(faults: dict[str, Any]) -> FaultDraw:
     return FaultDraw(drops, dict(faults["slow"]), tuple(faults["colluders"]))
 
 
-def _actor_run(study: StudyConfig, key: str, seed: int, draw: FaultDraw, out: Path) -> str:
+def actor_run(study: StudyConfig, key: str, seed: int, draw: FaultDraw, out: Path) -> str:
     """Run the trial's market on Ray actors; its verdict (or "error: ..." on another exit)."""
     from dpmarket.actors.run.market import run_market
 
@@ -101,7 +101,7 @@ def compare_with_actors(
                 study.configs[cell.key], cell, seed, study.timing, study.epoch_range,
                 study.vary_data, draw=draw,
             )  # fmt: skip
-            actors = _actor_run(study, cell.key, seed, draw, out / "actors" / f"{cell.key}-t{t}")
+            actors = actor_run(study, cell.key, seed, draw, out / "actors" / f"{cell.key}-t{t}")
             row = {
                 "cell": cell.key,
                 "trial": t,

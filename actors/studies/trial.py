@@ -37,14 +37,14 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.actors.config.market import FaultConfig, MarketConfig
+from dpmarket.actors.config.scenarios import make_market_scenario
 from dpmarket.actors.parties.dca import record_for_owners
 from dpmarket.actors.parties.dcaowner import contribution
 from dpmarket.actors.parties.faults import FaultPlan
 from dpmarket.actors.parties.securephase_journal import LABELS, moments_summary
 from dpmarket.actors.parties.transport import LoopbackTransport
 from dpmarket.actors.randomness import NoiseSource, public_generator
-from dpmarket.actors.run.market import make_market_scenario
-from dpmarket.actors.run.phases import prepare_secure
+from dpmarket.actors.run.phases import prepare_secure, standardisation_of
 from dpmarket.actors.run.spawn import OwnerInputs
 from dpmarket.actors.studies.config import PHASES, Cell
 from dpmarket.protocol.privacy.dgauss import client_sigma
@@ -55,9 +55,16 @@ from dpmarket.protocol.summary.curator import Curator
 from dpmarket.protocol.summary.objective import greedy_exact, mmd2, uniform_sample
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.summary.snr import standardisation_verdict
-from dpmarket.streams.synthetic import Scenario, median_heuristic_gamma
+from dpmarket.streams.synthetic import Scenario
 
-__all__ = ["FaultDraw", "draw_faults", "owner_values", "run_trial", "trial_seed"]
+__all__ = [
+    "FaultDraw",
+    "draw_faults",
+    "owner_values",
+    "run_trial",
+    "trial_secure_phases",
+    "trial_seed",
+]
 
 F64 = npt.NDArray[np.float64]
 
@@ -133,7 +140,7 @@ def draw_faults(
 
 
 @dataclass
-class _Secure:
+class TrialSecure:
     """The secure phases' outcome in a trial."""
 
     refused: tuple[str, str] | None = None  # (phase, reason)
@@ -141,17 +148,17 @@ class _Secure:
     rounds: dict[str, RoundResult] = dataclasses.field(default_factory=dict)
 
 
-def _secure_phases(
+def trial_secure_phases(
     config: MarketConfig,
     scenario: Scenario,
     curator: Curator,
     draw: FaultDraw,
     noise: NoiseSource,
-) -> _Secure:
+) -> TrialSecure:
     """Normalise, standardisation and scan as actors/run/phases.py runs them, in-process."""
     inputs = OwnerInputs.of(scenario)
     prep = prepare_secure(config, inputs, scenario.gamma, curator.params, None)
-    out = _Secure()
+    out = TrialSecure()
     if prep is None:
         return out
     rounds, timeout = prep.plan["rounds"], float(prep.plan["timeout"])
@@ -192,16 +199,12 @@ def _standardize(
     if not useful:
         return
     bound = float(config.data.get("bound", 10.0))
-    center = np.asarray(summary["mean"], dtype=np.float64)
-    scale = np.maximum(np.asarray(summary["std"], dtype=np.float64), 1e-3 * bound)
-    gamma = float(config.data["gamma"]) if "gamma" in config.data else None
-    if gamma is None:
-        gamma = median_heuristic_gamma((scenario.seed_set - center) / scale)
-    curator.standardize(center.tolist(), scale.tolist(), gamma)
+    standard = standardisation_of(summary, bound, scenario.seed_set, config.data.get("gamma"))
+    curator.standardize(list(standard.center), list(standard.scale), standard.gamma)
 
 
-def _coalition_ledger(
-    ledger: PrivacyLedger, config: MarketConfig, draw: FaultDraw, secure: _Secure
+def coalition_ledger(
+    ledger: PrivacyLedger, config: MarketConfig, draw: FaultDraw, secure: TrialSecure
 ) -> PrivacyLedger | None:
     """An honest owner's ledger as the coalition sees it (module docstring); None when a
     secure sum kept no noise the coalition does not know (its epsilon is infinite)."""
@@ -243,7 +246,7 @@ def _pld_epsilon(ledger: PrivacyLedger, delta: float) -> float:
 
 
 def _epsilons(
-    curator: Curator, config: MarketConfig, draw: FaultDraw, secure: _Secure
+    curator: Curator, config: MarketConfig, draw: FaultDraw, secure: TrialSecure
 ) -> dict[str, float]:
     """Max and median over honest owners of epsilon (ledger) and against the coalition."""
     cache: dict[tuple[Any, ...], tuple[float, float]] = {}
@@ -255,7 +258,7 @@ def _epsilons(
         key = tuple(ledger.events)
         if key not in cache:
             eps = _pld_epsilon(ledger, config.delta)
-            pooled = _coalition_ledger(ledger, config, draw, secure)
+            pooled = coalition_ledger(ledger, config, draw, secure)
             coal = float("inf") if pooled is None else _pld_epsilon(pooled, config.delta)
             cache[key] = (eps, coal)
         own.append(cache[key][0])
@@ -294,12 +297,15 @@ def run_trial(
     epoch_range: tuple[int, int],
     vary_data: bool = True,
     draw: FaultDraw | None = None,
+    scenario: Scenario | None = None,
 ) -> dict[str, Any]:
-    """Run one trial (module docstring); ``draw`` replays given faults instead of drawing."""
+    """Run one trial (module docstring); ``draw`` replays given faults instead of drawing;
+    ``scenario`` replaces the config's simulated data (a benchmark's own split)."""
     started = time.perf_counter()
     if vary_data:
         config = dataclasses.replace(config, seed=seed % (2**31))
-    scenario = make_market_scenario(config)
+    if scenario is None:
+        scenario = make_market_scenario(config)
     if draw is None:
         values = {}  # only drawn upon when the highest-value owners fail first
         if cell.who_fails == "highest-value":
@@ -318,7 +324,7 @@ def run_trial(
         run_id, list(owners), scenario.validation, scenario.seed_set, params,
         noise.generator("curator"),
     )  # fmt: skip
-    secure = _secure_phases(config, scenario, curator, draw, noise)
+    secure = trial_secure_phases(config, scenario, curator, draw, noise)
     transport = None
     if secure.refused is None:
         kill = {o: (0 if phase != "epochs" else epoch) for o, (phase, epoch) in draw.drops.items()}

@@ -272,7 +272,9 @@ def read_rejects(path: str | Path) -> list[dict[str, object]]:
 class Probe:
     """The first rows of a record file (:func:`probe`): ``rejects`` with their 1-based line
     (0 for binary formats), ``columns`` on the first data line of a CSV file, and whether the
-    first line was skipped as a header (``header``), detected rather than configured."""
+    first line was skipped as a header (``header``), detected rather than configured, or
+    configured although that line is all numbers (``header_numeric``: a record lost); the
+    probed valid records' ``features`` (after the policy) and ``labels``, at most ``max_rows``."""
 
     path: str
     format: str
@@ -283,6 +285,9 @@ class Probe:
     columns: int | None = None
     header: bool = False
     header_detected: bool = False
+    header_numeric: bool = False
+    features: tuple[tuple[float, ...], ...] = ()
+    labels: tuple[float, ...] = ()
 
 
 def _numbers(line: bytes) -> bool:
@@ -302,7 +307,7 @@ def probe(
     (its fields are not all numbers, the next line's are). Raises ``OSError`` for a file that
     cannot be read, ``ValueError`` for an unknown suffix; bad records are rejects.
     """
-    path, detected, columns = Path(path), False, None
+    path, detected, columns, numeric = Path(path), False, None, False
     fmt = format_of(path)
     with path.open("rb") as fp:
         size = os.fstat(fp.fileno()).st_size
@@ -322,6 +327,8 @@ def probe(
         ]
         if fmt == "csv" and header is None and len(lines) > 1 and lines[0][0] == 0:
             header = detected = not _numbers(lines[0][1]) and _numbers(lines[1][1])
+        elif fmt == "csv" and header and lines and lines[0][0] == 0:
+            numeric = _numbers(lines[0][1])
         skip = 1 if fmt == "csv" and header and lines and lines[0][0] == 0 else 0
         columns = len(lines[skip][1].split(b",")) if fmt == "csv" and lines[skip:] else None
         keep = lines[: max_rows + skip]
@@ -332,4 +339,9 @@ def probe(
     located = tuple((prefix.count(b"\n", 0, r.offset) + 1 if text else 0, r) for r in batch.rejects)
     n = len(batch) + len(located)
     skipped = bool(header) and fmt == "csv"
-    return Probe(str(path), fmt, size, n, len(batch), located, columns, skipped, detected)
+    features = tuple(tuple(float(v) for v in row) for row in batch.features)
+    labels = () if batch.labels is None else tuple(float(v) for v in batch.labels)
+    return Probe(
+        str(path), fmt, size, n, len(batch), located, columns, skipped, detected, numeric,
+        features, labels,
+    )  # fmt: skip

@@ -158,7 +158,7 @@ def test_coalition_sees_the_honest_included_noise_less_one() -> None:
     colluding = T, more (a smaller epsilon) when fewer, none (infinite) when only one is left."""
     from dpmarket.actors.config.market import MarketConfig
     from dpmarket.actors.parties.securephase_journal import LABELS
-    from dpmarket.actors.studies.trial import FaultDraw, _coalition_ledger, _Secure
+    from dpmarket.actors.studies.trial import FaultDraw, TrialSecure, coalition_ledger
     from dpmarket.protocol.privacy.ledger import PrivacyLedger
     from dpmarket.protocol.securesum.spec import RoundResult
 
@@ -170,8 +170,8 @@ def test_coalition_sees_the_honest_included_noise_less_one() -> None:
         ledger = PrivacyLedger("owner-1")
         ledger.gaussian(sigma, 1.0, label=LABELS["normalise"])
         result = RoundResult(1, "released", "", None, None, tuple(included), (), sigma, 1.0)
-        pooled = _coalition_ledger(
-            ledger, config, FaultDraw({}, {}, colluders), _Secure(rounds={"normalise": result})
+        pooled = coalition_ledger(
+            ledger, config, FaultDraw({}, {}, colluders), TrialSecure(rounds={"normalise": result})
         )
         return float("inf") if pooled is None else pooled.epsilon(delta, "pld")
 

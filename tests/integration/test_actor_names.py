@@ -15,7 +15,7 @@ import pytest
 from dpmarket.actors.config.market import load_market_config
 from dpmarket.actors.parties.transport import FaultPlan
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.actors.run.phases import _spawn_nodes, prepare_secure
+from dpmarket.actors.run.phases import prepare_secure, spawn_nodes
 from dpmarket.actors.run.spawn import OwnerInputs, spawn_market
 from tests.small import small_params, small_scenario
 
@@ -55,7 +55,7 @@ def test_every_actor_is_named_by_run_and_role_in_the_runs_namespace() -> None:
         dca=prep.trust,
     )  # fmt: skip
     try:
-        market.compute_nodes = _spawn_nodes(prep, market)
+        market.compute_nodes = spawn_nodes(prep, market)
         owners = market.owners
         assert _same(f"dpmarket:{RUN}:owner-1", owners["owner-1"])
         assert _same(f"dpmarket:{RUN}:owners-2-3", owners["owner-2"])

@@ -81,6 +81,9 @@ def test_run_writes_summary_report_and_plots(tmp_path: Path) -> None:
     standard = secure["standardize"]
     assert standard["applied"] and standard["center"] == normalise["mean"]
     assert all(s >= 3e-3 for s in standard["scale"]) and standard["gamma"] > 0
+    # per feature: its DP spread, or the public scale when that spread is within its noise
+    assert len(standard["features"]) == len(standard["scale"]) == len(normalise["std"])
+    assert set(standard["features"]) <= {"dp", "public", "seed floor"}
     assert main(["run", str(ROOT / "configs" / "demo.toml"), "--out", str(out)]) == 2
 
 

@@ -168,7 +168,7 @@ def test_regress_never_rescales_private_records_and_charges_replace_one(
 ) -> None:
     """A user's CSV is private: no mean or range of the data may shape the records (one outlier
     would move every other record); records are clipped to public bounds in the fit."""
-    from dpmarket.actors.commands.regress import _load
+    from dpmarket.actors.commands.regress import load_records
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(300, 3))
@@ -177,7 +177,7 @@ def test_regress_never_rescales_private_records_and_charges_replace_one(
     data[0, 0] = 1e6  # an outlier must not rescale the others
     path = tmp_path / "clients.csv"
     np.savetxt(path, data, delimiter=",")
-    loaded_x, loaded_y = _load(str(path))
+    loaded_x, loaded_y = load_records(str(path))
     np.testing.assert_allclose(loaded_x, data[:, :3])
     np.testing.assert_allclose(loaded_y, data[:, 3])
     assert main(["regress", "--data", str(path), "--eps", "2", "--json"]) == 0

@@ -91,13 +91,13 @@ def test_a_named_paper_auction_warns_and_shows_an_unbounded_cost(
 def test_the_default_mechanism_does_not_warn(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from dpmarket.actors.commands.market import _check_plan
+    from dpmarket.actors.commands.market import check_plan
     from dpmarket.actors.run.market import market_inputs
     from dpmarket.actors.run.preflight import plan_run
 
     config = load_market_config(_without_summary(tmp_path))
     inputs = market_inputs(config, tmp_path, {}, tmp_path / "attempt-0")
-    _check_plan(strict=True)(plan_run(config, inputs.owners, inputs.gamma))  # no refusal
+    check_plan(strict=True)(plan_run(config, inputs.owners, inputs.gamma))  # no refusal
     captured = capsys.readouterr()
     assert "WARNING" not in captured.err and "owner total" in captured.out
 

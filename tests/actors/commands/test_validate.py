@@ -193,3 +193,86 @@ def test_ingest_gives_up_naming_the_owner_of_a_missing_file_or_a_failed_tailer()
     late = iter([0.0, 0.0, 5.0, 11.0])
     with pytest.raises(ConfigError, match=r"did not catch up within 10.0 s: owner-3$"):
         follow_ingest(lambda: behind, 10.0, clock=lambda: next(late), pause=lambda s: None)
+
+
+# --- issue 30 part 3: the first hour with your own files ---------------------------------------
+
+WINE_LIKE = "".join(f"{10 + 0.37 * i:.2f},{0.5 + 0.11 * i:.2f},{1 + i % 3}\n" for i in range(12))
+
+
+def test_a_label_column_that_is_a_feature_warns_before_ray(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """label_column = 1 on rows whose label is last: feature 1 (continuous) becomes the label
+    and the real label (1..3) a clipped feature; validate and run warn before Ray starts."""
+
+    def no_ray(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the warning must come before Ray starts")
+
+    data = "features = 2\nlabel_column = 1\nlower = 0.0\nupper = 20.0"
+    config = _market(tmp_path, data, owner_1=WINE_LIKE)
+    for name in ("owner-2", "validation", "seed"):
+        (tmp_path / "d" / f"{name}.csv").write_text(WINE_LIKE)
+    assert main(["validate", str(config)]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: [data].label_column = 1 does not look like a label" in err
+    assert "not whole numbers" in err and "column(s) [2] hold a few whole numbers" in err
+    monkeypatch.setattr("dpmarket.actors.run.market.connect", no_ray)
+    out = tmp_path / "out"
+    assert main(["run", str(config), "--out", str(out), "--strict"]) == 2
+    assert "label_column = 1 does not look like a label" in capsys.readouterr().err
+    # the right column: no warning
+    config = _market(tmp_path, "features = 2\nlabel_column = 2\nlower = 0.0\nupper = 20.0",
+                     owner_1=WINE_LIKE)  # fmt: skip
+    assert main(["validate", str(config)]) == 0
+    assert "does not look like a label" not in capsys.readouterr().err
+
+
+def test_header_true_on_a_file_without_a_header_warns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _market(tmp_path, "header = true")  # the files have no header line
+    assert main(["validate", str(config)]) == 0
+    err = capsys.readouterr().err
+    validation = tmp_path / "d" / "validation.csv"
+    assert f"WARNING: {validation}: [data].header = true but its first line is all numbers" in err
+    assert err.count("first line is all numbers") == 4
+    config = _market(tmp_path, "header = true", header="x1,x2,label\n")
+    assert main(["validate", str(config)]) == 0
+    assert "first line is all numbers" not in capsys.readouterr().err
+
+
+def test_features_one_short_says_the_rows_have_one_value_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _market(tmp_path, "features = 1\nlower = 0.0\nupper = 1.0")  # label_column = 2
+    assert main(["validate", str(config)]) == 2
+    err = capsys.readouterr().err
+    owner_1 = tmp_path / "d" / "owner-1.csv"
+    assert f"{config}:{_line(config, 'label_column')}: [data].label_column: 2 is out of" in err
+    assert f"the rows of {owner_1} have 3 values, 1 more than features + 1 = 2" in err
+    assert "[data].features = 1 is 1 short (set features = 2" in err
+
+
+def test_lower_above_upper_names_the_feature(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _market(tmp_path, "lower = [0.0, 0.9]\nupper = [1.0, 0.5]")
+    assert main(["validate", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"{config}:{_line(config, 'lower')}: [data].lower: feature 1 (column 1" in err
+    assert "lower 0.9 > upper 0.5" in err
+
+
+@pytest.mark.parametrize("name", ["files-example.toml", "demo.toml"])
+def test_max_points_alone_selects_allocate_select_on_the_shipped_examples(name: str) -> None:
+    """README: ``max_points`` alone selects allocate-select on the shipped examples (which
+    leave explore_share to the plan; an explicit one beside a budget is refused by name)."""
+    from dpmarket.actors.config.market import load_market_config
+
+    path = ROOT / "configs" / name
+    assert main(["validate", str(path), "--set", "summary.max_points=60"]) == 0
+    params = load_market_config(path, ["summary.max_points=60"]).curator_params(0.1, 24)
+    assert params.allocate and params.max_points == 60 and params.explore_share == 0
+    assert main(["validate", str(path), "--set", "summary.max_points=60",
+                 "--set", "summary.explore_share=1.0"]) == 2  # fmt: skip
