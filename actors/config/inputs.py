@@ -23,6 +23,7 @@ from dpmarket.protocol.summary.allocate import plan_allocation
 from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.protocol.summary.params import ParamError
 from dpmarket.protocol.summary.plan import plan_releases
+from dpmarket.streams.records.files import Schema
 
 __all__ = ["PLAN_EPS_OWNER", "PLAN_EPS_VALIDATION", "FaultConfig", "MarketConfig"]
 
@@ -68,6 +69,7 @@ class MarketConfig:
     consumer_budget: OwnerBudget | None = None  # the validation set's store and cap
     placement: dict[str, Placement] = field(default_factory=dict)  # [owners.NAME] (placement.py)
     requests: tuple[Request, ...] = ()  # [[requests]]: consumers' purchases (requests.py)
+    schema: Schema | None = None  # a files market's record schema, checked once at parse
 
     @property
     def noise(self) -> NoiseSource:

@@ -22,6 +22,7 @@ from dpmarket.actors.config.checks import ConfigError
 from dpmarket.actors.config.inputs import FaultConfig, MarketConfig
 from dpmarket.actors.config.placement import PLACEMENT_KEYS, parse_placements
 from dpmarket.actors.config.requests import parse_requests
+from dpmarket.actors.config.validate import check_schema, resolved_data
 from dpmarket.protocol.securesum.spec import SHARE_MODES
 from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.protocol.summary.params import ParamError
@@ -198,6 +199,9 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         path=name,
         placement=parse_placements(name, data.get("owners", {}), owners, OWNER_BUDGET_KEYS),
     )
+    if source == "files":  # paths absolute and the schema checked, once (validate.py)
+        config = dataclasses.replace(config, data=resolved_data(name, config.data))
+        config = dataclasses.replace(config, schema=check_schema(config))
     budgets, consumer = parse_budget_tables(name, data, owners, config.delta, PLACEMENT_KEYS)
     requests = parse_requests(name, data, source, frozenset(MARKET_SECTIONS["summary"]))
     config = dataclasses.replace(

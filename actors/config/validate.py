@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpmarket.actors.config.market import ConfigError, MarketConfig
+from dpmarket.actors.config.checks import ConfigError
+from dpmarket.actors.config.inputs import MarketConfig
 from dpmarket.streams.records.files import ARITY, RAW_LIMIT, Probe, Schema, SchemaError, probe
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "data_path",
     "key_line",
     "resolve_out",
+    "resolved_data",
 ]
 
 PROBE_ROWS, PROBE_BYTES = 50, 1 << 16
@@ -43,11 +45,30 @@ def resolve_out(config: MarketConfig, cli_out: str | Path | None) -> Path:
     return Path(cli_out or config.out).absolute()
 
 
-def data_path(config: MarketConfig, name: str) -> Path:
-    """An input file named in the config, as an absolute path made on the driver: a relative
-    name is taken from the configuration file's directory (never from a worker's current
-    directory). A placed owner opens this path on its own node."""
-    return Path(os.path.normpath((Path(config.path).parent / Path(name).expanduser()).absolute()))
+def data_path(config_path: str, name: str) -> str:
+    """An input file named in a config at ``config_path``, as an absolute path made on the
+    driver when the config is parsed: a relative name is taken from the configuration file's
+    directory (never from a worker's current directory). A placed owner opens this path on its
+    own node."""
+    return os.path.normpath((Path(config_path).parent / Path(name).expanduser()).absolute())
+
+
+def resolved_data(config_path: str, data: dict[str, Any]) -> dict[str, Any]:
+    """``[data]`` of a files market with every input path absolute (:func:`data_path`): the
+    config is parsed once, and nothing later resolves a path again."""
+    out = dict(data)
+    for key in ("validation", "seed_set"):
+        if isinstance(out.get(key), str):
+            out[key] = data_path(config_path, out[key])
+    files = out.get("files")
+    if isinstance(files, dict):
+        out["files"] = {
+            owner: [data_path(config_path, n) if isinstance(n, str) else n for n in names]
+            if isinstance(names, list)
+            else names
+            for owner, names in files.items()
+        }
+    return out
 
 
 def key_line(config_path: str, section: str, key: str) -> int | None:
@@ -124,7 +145,7 @@ def _label_range(config: MarketConfig, k: int, label: int) -> str:
     names = [n for names in config.data.get("files", {}).values() for n in names]
     names += [config.data[key] for key in ("validation", "seed_set") if key in config.data]
     for name in names[:1]:
-        path = data_path(config, str(name))
+        path = Path(str(name))
         try:
             columns = probe(path, Schema.box(1, 0.0, 1.0), header=config.data.get("header")).columns
         except (OSError, ValueError):
@@ -279,16 +300,16 @@ def _check_file(
 
 def check_inputs(config: MarketConfig) -> InputsCheck:
     """The schema and every input file of a files market (see the module docstring)."""
-    schema = check_schema(config)
+    schema = config.schema if config.schema is not None else check_schema(config)
     checks = [
-        _check_file(config, schema, owner, ("data.files", owner), data_path(config, name))
+        _check_file(config, schema, owner, ("data.files", owner), Path(name))
         for owner, names in config.data["files"].items()
         # on its own node: checked there (actors/config/placement.py)
         if owner not in config.placement
         for name in names
     ]
     checks += [
-        _check_file(config, schema, key, ("data", key), data_path(config, config.data[key]))
+        _check_file(config, schema, key, ("data", key), Path(config.data[key]))
         for key in ("validation", "seed_set")
         if key in config.data  # with [[requests]] each request may name its own
     ]

@@ -21,7 +21,6 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.actors.config.market import ConfigError, MarketConfig
-from dpmarket.actors.config.validate import data_path
 from dpmarket.actors.run.spawn import OwnerInputs
 from dpmarket.streams.records.files import (
     CsvDecoder,
@@ -100,15 +99,15 @@ class FileInputs(NamedTuple):
 def file_inputs(config: MarketConfig, headers: dict[str, bool], rejects_dir: Path) -> FileInputs:
     """Owners start empty and ingest their files; the curator's sets are read here, their bad
     lines written to ``rejects_dir/validation`` and ``rejects_dir/seed_set``."""
-    schema = schema_of(config)
+    schema = config.schema if config.schema is not None else schema_of(config)  # parsed once
     sets: dict[str, F64] = {}
     rejects: dict[str, int] = {}
     for key in ("validation", "seed_set"):
-        path = data_path(config, config.data[key])
+        path = Path(config.data[key])  # absolute since the config was parsed
         sets[key], _, rejects[key] = _read_all(
             path, schema, headers.get(str(path), False), rejects_dir / key
         )
-    files = {o: [str(data_path(config, p)) for p in ps] for o, ps in config.data["files"].items()}
+    files = {o: [str(p) for p in ps] for o, ps in config.data["files"].items()}
     # a placed owner's files are on its node, not probed here: a header only if declared
     declared = config.data.get("header") is True
     headers = headers | {p: declared for o in config.placement for p in files.get(o, [])}

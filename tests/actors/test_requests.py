@@ -71,7 +71,7 @@ def test_requests_parse_with_their_defaults(tmp_path: Path) -> None:
     a, b = (config.for_request(r) for r in config.requests)
     assert (a.name, b.name) == ("m.alice", "m.bob")
     assert a.data["validation"] == str(tmp_path / "v1.csv")
-    assert a.data["seed_set"] == b.data["seed_set"] == "seed.csv"
+    assert a.data["seed_set"] == b.data["seed_set"] == str(tmp_path / "seed.csv")  # absolute
     assert (a.summary_size, b.summary_size) == (8, 5)
     assert a.overrides == {"d": 32} and b.overrides == {"d": 64}
     assert a.consumer_budget == config.consumer_budget  # the [consumer]'s store and cap
@@ -98,7 +98,7 @@ def test_without_requests_nothing_changes(tmp_path: Path) -> None:
 def test_market_validation_is_the_default_for_requests(tmp_path: Path) -> None:
     head = HEAD.replace('seed_set = "seed.csv"', 'seed_set = "seed.csv"\nvalidation = "v2.csv"')
     config = load_market_config(_config(tmp_path, '[[requests]]\nname = "a"\n', head))
-    assert config.for_request(config.requests[0]).data["validation"] == "v2.csv"
+    assert config.for_request(config.requests[0]).data["validation"] == str(tmp_path / "v2.csv")
 
 
 def test_reproducible_requests_draw_distinct_noise(tmp_path: Path) -> None:
