@@ -64,7 +64,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.actors.budgets.store import BLOCKS_KEY, LedgerStore, StoreError
-from dpmarket.protocol.privacy.blocks import Grouping
+from dpmarket.protocol.privacy.blocks import Grouping, record_digests
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent
 from dpmarket.protocol.securesum.spec import RoundSpec
@@ -149,13 +149,18 @@ class OwnerGate:
             return Grouping("records", self.gate.block_records)
         return None
 
-    def arrived(self, first: int, count: int, at: float) -> None:
+    def arrived(
+        self, first: int, count: int, at: float, features: npt.ArrayLike | None = None
+    ) -> None:
         """Records at positions ``first .. first + count - 1`` arrived at ``at`` (the actor's
         clock): with blocks, each one not yet in a block is given one in the store now, before
-        any release reads it (protocol/privacy/blocks.py); nothing to do otherwise."""
+        any release reads it (protocol/privacy/blocks.py), and with ``features`` (their rows)
+        each position is tied to its record, so that a later run re-reading other records at
+        known positions is refused (:class:`StoreError`); nothing to do without blocks."""
         grouping = self.grouping
         if grouping is not None and count > 0:
-            self.store.assign(first, count, at, grouping)
+            digests = None if features is None else record_digests(features)
+            self.store.assign(first, count, at, grouping, digests)
 
     def _of(self, n: int) -> npt.NDArray[np.int64]:
         """The block of each record position ``0 .. n - 1``, as the store assigned it."""

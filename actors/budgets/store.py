@@ -81,6 +81,7 @@ CREATE TABLE IF NOT EXISTS blocks (
     key INTEGER NOT NULL,
     at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS records (position INTEGER PRIMARY KEY, digest BLOB NOT NULL);
 """
 # schema 1 kept time windows in ``arrivals`` (block id = the window number) and grouped by
 # ``block_records`` with block id i // N recomputed from each run's N, never stored. Opening
@@ -226,15 +227,30 @@ class LedgerStore:
             int(seen[0]) if seen else 0,
         )
 
-    def assign(self, first: int, count: int, at: float, grouping: Grouping) -> Blocks:
+    def assign(
+        self,
+        first: int,
+        count: int,
+        at: float,
+        grouping: Grouping,
+        digests: Sequence[bytes] | None = None,
+    ) -> Blocks:
         """Record that positions ``first .. first + count - 1`` arrived at ``at`` (the owner
         actor's clock), in one transaction, before any release reads them: a position not yet
         assigned gets its block under ``grouping``, one assigned before keeps its block
-        (protocol/privacy/blocks.py). Returns the blocks after it."""
+        (protocol/privacy/blocks.py). With ``digests`` (one per position,
+        :func:`~dpmarket.protocol.privacy.blocks.record_digests`) a position is tied to its
+        record: a position seen before must hold the same record again, else
+        :class:`StoreError` and nothing is assigned (the inputs changed: the record there may
+        belong to a block that has not paid for it). Returns the blocks after it."""
+        if digests is not None and len(digests) != count:
+            raise ValueError(f"digests: {len(digests)} for {count} positions")
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
             try:
+                if digests is not None:
+                    self._check_records(first, digests)
                 blocks = self.blocks()
                 for start in blocks.arrive(first, count, at, grouping):
                     conn.execute(
@@ -247,6 +263,30 @@ class LedgerStore:
                 conn.execute("ROLLBACK")
                 raise
         return blocks
+
+    def _check_records(self, first: int, digests: Sequence[bytes]) -> None:
+        """Compare re-delivered positions with the records they held; store new ones."""
+        end = first + len(digests)
+        held = dict(
+            self._conn.execute(
+                "SELECT position, digest FROM records WHERE position >= ? AND position < ?",
+                (first, end),
+            ).fetchall()
+        )
+        for offset, digest in enumerate(digests):
+            position = first + offset
+            if position in held and bytes(held[position]) != digest:
+                raise StoreError(
+                    f"{self.path}: {self.owner}'s record at arrival position {position} is not "
+                    "the one this store gave a block: its inputs changed (a reordered or edited "
+                    "file, another file list, a schema or reject policy that accepts other "
+                    "lines), so records would land in blocks that have not paid for them; "
+                    "restore the inputs as they were read"
+                )
+        self._conn.executemany(
+            "INSERT OR IGNORE INTO records VALUES (?, ?)",
+            [(first + i, d) for i, d in enumerate(digests) if first + i not in held],
+        )
 
     def charge_blocks(
         self, release: str, run: str, events: Sequence[MechanismEvent], blocks: Sequence[int]

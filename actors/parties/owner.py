@@ -118,7 +118,7 @@ class OwnerActor:
                 hosted.dca = OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))
             if budgets and name in budgets:  # opens (or creates) the owner's own store
                 hosted.gate = OwnerGate(name, budgets[name])
-                hosted.gate.arrived(0, owner.n_records, time.time())  # time-window blocks
+                hosted.gate.arrived(0, owner.n_records, time.time(), owner.records())
             self._hosted[name] = hosted
 
     async def begin_request(
@@ -147,7 +147,8 @@ class OwnerActor:
             gate = (budgets or {}).get(name)
             hosted.gate = None if gate is None else OwnerGate(name, gate)
             if hosted.gate is not None:  # records taken in without a gate: stamped now
-                hosted.gate.arrived(0, hosted.party.n_records, time.time())
+                party = hosted.party
+                hosted.gate.arrived(0, party.n_records, time.time(), party.records())
         return {"pid": os.getpid()}
 
     def _owner(self, name: str) -> _Hosted:
@@ -295,7 +296,7 @@ class OwnerActor:
         """New records, biddable from the next epoch on; returns the owner's record count."""
         hosted = self._owner(owner)
         if hosted.gate is not None:  # its block, by arrival time, before anything reads it
-            hosted.gate.arrived(hosted.party.n_records, len(X), time.time())
+            hosted.gate.arrived(hosted.party.n_records, len(X), time.time(), X)
         hosted.party.add_records(X, y)
         return hosted.party.n_records
 
@@ -353,7 +354,8 @@ async def _follow(
             return
         if len(batch):
             if hosted.gate is not None:  # its block, by arrival time, before anything reads it
-                hosted.gate.arrived(hosted.party.n_records, len(batch), time.time())
+                features = batch.features.astype(np.float64)
+                hosted.gate.arrived(hosted.party.n_records, len(batch), time.time(), features)
             labels = batch.records.labels
             hosted.party.add_records(
                 batch.features.astype(np.float64),

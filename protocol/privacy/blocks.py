@@ -29,13 +29,14 @@ assigned (``seen``); those keep their blocks.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BlockStart", "Blocks", "Grouping"]
+__all__ = ["BlockStart", "Blocks", "Grouping", "record_digests"]
 
 GROUPING_KINDS = ("records", "seconds")
 
@@ -127,3 +128,13 @@ class Blocks:
         ids = np.array([s.block for s in self.starts], dtype=np.int64)
         where = np.searchsorted(firsts, np.arange(n), side="right") - 1
         return ids[np.maximum(where, 0)]
+
+
+def record_digests(features: npt.ArrayLike) -> list[bytes]:
+    """One 8-byte BLAKE2b digest per record (row of ``features``, as float64): what ties an
+    arrival position to the record that arrived there, so that a later run which re-reads
+    different records at the same positions is refused instead of regrouping them."""
+    rows = np.ascontiguousarray(np.asarray(features, dtype=np.float64))
+    if rows.ndim != 2:
+        raise ValueError(f"features: expected shape (n, k), got {rows.shape}")
+    return [hashlib.blake2b(row.tobytes(), digest_size=8).digest() for row in rows]

@@ -184,3 +184,31 @@ def test_a_schema_1_store_keeps_its_windows_and_counts_lost_groupings_against_ev
     assert gate.view()["spent"] <= cap
     gate.store.close()
     assert budget_summary(counts)["owners"]["owner-1"]["spent"] == pytest.approx(spent)
+
+
+def test_a_run_that_reads_other_records_at_known_positions_is_refused(tmp_path: Path) -> None:
+    """Issue 24 review: blocks are runs of arrival positions, so a later run whose inputs
+    changed (a file list reordered, a line edited, a schema that now accepts a line it
+    rejected) would put records in blocks that have not paid for them. The store keeps a
+    digest per position: the same records again are fine; other records at a known position
+    are refused before anything is assigned or read."""
+    store = tmp_path / "owner-1.sqlite"
+    X = np.random.default_rng(4).normal(size=(30, 3))
+    gate = _gate(store, "run-1", 5.0, records=10)
+    gate.arrived(0, 20, 0.0, X[:20])
+    assert _round(gate, 1, 20).all()
+    gate.store.close()
+    again = _gate(store, "run-2", 5.0, records=10)
+    again.arrived(0, 20, 1.0, X[:20])  # the same records re-read: fine
+    again.arrived(20, 10, 1.0, X[20:])  # and new ones
+    again.store.close()
+    shifted = np.concatenate([X[5:10], X[:5], X[10:]])  # two files read in the other order
+    later = _gate(store, "run-3", 5.0, records=10)
+    with pytest.raises(StoreError, match=r"arrival position 0 is not the one this store gave"):
+        later.arrived(0, 30, 2.0, shifted)
+    edited = X.copy()
+    edited[25, 1] += 1.0
+    with pytest.raises(StoreError, match="arrival position 25"):
+        later.arrived(0, 30, 2.0, edited)
+    later.arrived(0, 30, 2.0, X)  # the inputs as they were read: fine
+    assert later.store.blocks().seen == 30
