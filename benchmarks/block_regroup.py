@@ -21,6 +21,7 @@ Last line: ``{"benchmark": "block_regroup", "cap", "runs": [{"block_records", "e
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -61,6 +62,7 @@ def run(ledgers: Path, out: Path, block_records: int) -> dict[str, object]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n", 1)[0]).parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for index, size in enumerate(SEQUENCE):
