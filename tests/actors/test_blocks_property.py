@@ -30,6 +30,7 @@ from dpmarket.actors.budgets.store import StoreError
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, MechanismEvent
 from dpmarket.protocol.securesum.spec import RoundSpec
+from tests.actors.schema1 import charge_block, create_schema_1
 
 DELTA = 1e-5
 SUMMARY = (MechanismEvent("gaussian", (("sigma", 3.0),), 1.0, label="summary plan"),)
@@ -171,34 +172,15 @@ def write_schema_1(owner: Owner, records: int, releases: list[tuple[int, set[int
     """A store as schema 1 left it: count blocks recomputed as ``position // N`` by each run's
     own N (the hole), every charge keyed by that block id; the ground truth of what each of
     those releases read is kept (``owner.legacy``)."""
-    import json
     import sqlite3
 
     event = MechanismEvent("gaussian", (("sigma", 3.0),), 1.0)
     with sqlite3.connect(owner.store) as conn:
-        conn.executescript(
-            """
-            CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-            CREATE TABLE runs (run TEXT PRIMARY KEY, started REAL NOT NULL,
-                               cap_epsilon REAL NOT NULL, delta REAL NOT NULL);
-            CREATE TABLE charges (seq INTEGER PRIMARY KEY AUTOINCREMENT, release TEXT NOT NULL,
-                block INTEGER NOT NULL DEFAULT -1, run TEXT NOT NULL, label TEXT NOT NULL,
-                event TEXT NOT NULL, state TEXT NOT NULL, at REAL NOT NULL,
-                spent_after REAL NOT NULL, UNIQUE (release, block));
-            CREATE TABLE retired (block INTEGER PRIMARY KEY, run TEXT NOT NULL, at REAL NOT NULL);
-            CREATE TABLE arrivals (block INTEGER PRIMARY KEY, first INTEGER NOT NULL,
-                                   at REAL NOT NULL);
-            INSERT INTO meta VALUES ('owner', 'owner-0'), ('schema', '1');
-            """
-        )
+        create_schema_1(conn, "owner-0")
         for j, (size, blocks) in enumerate(releases):
             release = f"old-{j}"
             for block in sorted(blocks):
-                conn.execute(
-                    "INSERT INTO charges (release, block, run, label, event, state, at, "
-                    "spent_after) VALUES (?, ?, 'old', 'scan', ?, 'charged', 0.0, 0.0)",
-                    (release, block, json.dumps([event.to_dict()])),
-                )
+                charge_block(conn, release, block, event)
             read = np.flatnonzero(np.isin(np.arange(records) // size, sorted(blocks)))
             owner.read(release, read, 0.0)
             owner.legacy.add(release)

@@ -8,7 +8,6 @@ schema-1 migration and ``dpmarket budget``'s per-record figures."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from dpmarket.protocol.privacy.blocks import Grouping
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, MechanismEvent
 from dpmarket.protocol.securesum.spec import RoundSpec
+from tests.actors.schema1 import charge_block, create_schema_1
 
 DELTA = 1e-5
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,29 +127,9 @@ def _schema_1(
 ) -> None:
     """A store as schema 1 wrote it: charges keyed by block id, windows in ``arrivals``."""
     with sqlite3.connect(path) as conn:
-        conn.executescript(
-            """
-            CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-            CREATE TABLE runs (run TEXT PRIMARY KEY, started REAL NOT NULL,
-                               cap_epsilon REAL NOT NULL, delta REAL NOT NULL);
-            CREATE TABLE charges (seq INTEGER PRIMARY KEY AUTOINCREMENT, release TEXT NOT NULL,
-                block INTEGER NOT NULL DEFAULT -1, run TEXT NOT NULL, label TEXT NOT NULL,
-                event TEXT NOT NULL, state TEXT NOT NULL, at REAL NOT NULL,
-                spent_after REAL NOT NULL, UNIQUE (release, block));
-            CREATE TABLE retired (block INTEGER PRIMARY KEY, run TEXT NOT NULL, at REAL NOT NULL);
-            CREATE TABLE arrivals (block INTEGER PRIMARY KEY, first INTEGER NOT NULL,
-                                   at REAL NOT NULL);
-            INSERT INTO meta VALUES ('owner', 'owner-1'), ('schema', '1');
-            INSERT INTO runs VALUES ('old', 0.0, 2.0, 1e-5);
-            """
-        )
-        body = json.dumps([EVENT.to_dict()])
+        create_schema_1(conn, "owner-1")
         for release, block in block_rows:
-            conn.execute(
-                "INSERT INTO charges (release, block, run, label, event, state, at, spent_after) "
-                "VALUES (?, ?, 'old', 'scan', ?, 'charged', 0.0, 0.0)",
-                (release, block, body),
-            )
+            charge_block(conn, release, block, EVENT)
         for block, first in windows:
             conn.execute("INSERT INTO arrivals VALUES (?, ?, 0.0)", (block, first))
         if windows:
