@@ -70,6 +70,7 @@ class MarketConfig:
     placement: dict[str, Placement] = field(default_factory=dict)  # [owners.NAME] (placement.py)
     requests: tuple[Request, ...] = ()  # [[requests]]: consumers' purchases (requests.py)
     schema: Schema | None = None  # a files market's record schema, checked once at parse
+    written_data: dict[str, Any] = field(default_factory=dict)  # [data] as the file wrote it
 
     @property
     def noise(self) -> NoiseSource:
@@ -137,11 +138,8 @@ class MarketConfig:
         its files, p, summary overrides and consumer; every owner's store and cap unchanged. A
         reproducible simulation keys each request's noise from its own public seed (distinct
         requests never replay each other's noise)."""
-        data = dict(self.data)
-        if request.validation is not None:
-            data["validation"] = request.validation
-        if request.seed_set is not None:
-            data["seed_set"] = request.seed_set
+        files = {"validation": request.validation, "seed_set": request.seed_set}
+        own = {key: path for key, path in files.items() if path is not None}
         noise_seed = self.noise_seed
         if self.reproducible_noise:
             digest = hashlib.sha256(f"{self.noise_seed}:{request.name}".encode()).digest()
@@ -149,7 +147,8 @@ class MarketConfig:
         return dataclasses.replace(
             self,
             name=f"{self.name}.{request.name}",
-            data=data,
+            data=self.data | own,
+            written_data=self.written_data | own if self.written_data else {},
             summary_size=request.summary_size or self.summary_size,
             overrides=self.overrides | request.summary,
             consumer_budget=request.consumer or self.consumer_budget,
@@ -161,6 +160,11 @@ class MarketConfig:
         """The configuration as recorded in report.json (all of it is public)."""
         record = dataclasses.asdict(self)
         record["faults"] = dataclasses.asdict(self.faults)
+        # [data] as written (paths as the operator gave them, not the driver's absolute ones);
+        # the schema is derived from it
+        record["data"] = dict(self.written_data or self.data)
+        for derived in ("schema", "written_data"):
+            record.pop(derived)
         for key in ("budgets", "consumer_budget"):  # caps are public, stores' paths are not
             record[key] = _caps(record[key])
         record["requests"] = [r.public() for r in self.requests]

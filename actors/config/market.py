@@ -200,7 +200,8 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         placement=parse_placements(name, data.get("owners", {}), owners, OWNER_BUDGET_KEYS),
     )
     if source == "files":  # paths absolute and the schema checked, once (validate.py)
-        config = dataclasses.replace(config, data=resolved_data(name, config.data))
+        resolved = resolved_data(name, config.data)
+        config = dataclasses.replace(config, data=resolved, written_data=config.data)
         config = dataclasses.replace(config, schema=check_schema(config))
     budgets, consumer = parse_budget_tables(name, data, owners, config.delta, PLACEMENT_KEYS)
     requests = parse_requests(name, data, source, frozenset(MARKET_SECTIONS["summary"]))

@@ -54,3 +54,16 @@ def test_a_placed_owners_files_are_not_probed_on_the_driver(tmp_path: Path) -> N
     inputs = file_inputs(config, check.headers, tmp_path / "rejects")
     assert inputs.files["owner-2"] == ["/on/site-b/owner-2.csv"]
     assert inputs.headers["/on/site-b/owner-2.csv"] is True  # [data].header = true, declared
+
+
+def test_the_public_record_keeps_the_data_paths_as_written(tmp_path: Path) -> None:
+    """The run resolves paths once, but report.json records ``[data]`` as the operator wrote
+    it (no driver directories), and nothing derived (the schema) goes in."""
+    import json
+
+    config = load_market_config(_copy_example(tmp_path))
+    record = json.loads(json.dumps(config.public_record()))  # JSON as written to report.json
+    assert record["data"]["validation"] == "example-data/validation.csv"
+    assert record["data"]["files"]["owner-1"] == ["example-data/owner-1.csv"]
+    assert "schema" not in record and "written_data" not in record
+    assert Path(config.data["validation"]).is_absolute()
