@@ -62,6 +62,7 @@ PROTOCOL_DEPENDENCIES: dict[str, frozenset[str]] = {
     "summary": frozenset({"wire", "privacy"}),
     "securesum": frozenset({"wire", "privacy"}),
     "regression": frozenset({"wire", "privacy", "securesum"}),
+    "agents": frozenset({"wire", "privacy", "securesum", "summary"}),
 }
 STREAMS_MAY_NOT = ("dpmarket.protocol.summary",)
 NUMPY_RANDOM_ALLOWED = frozenset(
@@ -319,10 +320,14 @@ ACTORS_DEPENDENCIES: dict[str, frozenset[str]] = {
     "cluster": frozenset({"config"}),
     "parties": frozenset({"randomness", "budgets", "cluster"}),
     "harness": frozenset({"randomness", "config", "parties"}),
-    "run": frozenset({"randomness", "budgets", "config", "cluster", "parties", "harness"}),
+    "remote": frozenset({"randomness", "budgets", "config", "cluster", "parties"}),
+    "run": frozenset(
+        {"randomness", "budgets", "config", "cluster", "parties", "harness", "remote"}
+    ),
     "studies": frozenset({"randomness", "config", "cluster", "parties", "run", "harness"}),
     "commands": frozenset(
-        {"randomness", "budgets", "config", "cluster", "parties", "harness", "run", "studies"}
+        {"randomness", "budgets", "config", "cluster", "parties", "harness", "remote", "run"}
+        | {"studies"}
     ),
 }
 

@@ -1,0 +1,1 @@
+"""Parties in other organisations: mutual TLS, the market's gateway, owner and node agents."""
