@@ -56,6 +56,7 @@ in) and passes in the summary. For the same reason a retired block is no decline
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -68,8 +69,17 @@ from dpmarket.protocol.privacy.blocks import Grouping, record_digests
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent
 from dpmarket.protocol.securesum.spec import RoundSpec
+from dpmarket.protocol.summary.params import CuratorParams
+from dpmarket.protocol.summary.snr import planned_owner_ledger
 
-__all__ = ["BudgetDeclined", "BudgetGate", "OwnerBudget", "OwnerGate", "session_id"]
+__all__ = [
+    "BudgetDeclined",
+    "BudgetGate",
+    "OwnerBudget",
+    "OwnerGate",
+    "session_id",
+    "summary_plan",
+]
 
 # the plan's round labels -> the labels the curator's ledger gives the same releases
 ROUND_LABELS = {
@@ -104,6 +114,15 @@ class BudgetGate:
     summary: tuple[MechanismEvent, ...] = ()
     block_records: int = 0  # > 0: records grouped by arrival into blocks with their own budgets
     block_seconds: float = 0.0  # > 0: ... by windows of arrival time (protocol/privacy/blocks.py)
+
+
+def summary_plan(params: CuratorParams) -> tuple[MechanismEvent, ...]:
+    """The summary phase's planned events under ``params`` (``planned_owner_ledger``, every
+    steering epoch used), labelled as what they are: the plan's upper bound, charged up front."""
+    return tuple(
+        dataclasses.replace(e, label=f"summary plan: {e.label or e.mechanism}")
+        for e in planned_owner_ledger(params).events
+    )
 
 
 def session_id(pins: dict[str, str]) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from dpmarket.actors.commands.account import add_account_parser
+from dpmarket.actors.commands.agents import add_agent_parsers
 from dpmarket.actors.commands.audit import build_audit_parser
 from dpmarket.actors.commands.budget import add_budget_parser
 from dpmarket.actors.commands.digits import add_digits_parser
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sketch_parser(sub)
     build_audit_parser(sub)
     add_evaluate_parser(sub)
+    add_agent_parsers(sub)
     return parser
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from dpmarket.actors.budgets.gate import OwnerBudget
 from dpmarket.actors.config.checks import allocate_selected
 from dpmarket.actors.config.placement import Placement
+from dpmarket.actors.config.remote import RemoteConfig
 from dpmarket.actors.config.requests import Request
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.summary.allocate import plan_allocation
@@ -71,6 +72,7 @@ class MarketConfig:
     requests: tuple[Request, ...] = ()  # [[requests]]: consumers' purchases (requests.py)
     schema: Schema | None = None  # a files market's record schema, checked once at parse
     written_data: dict[str, Any] = field(default_factory=dict)  # [data] as the file wrote it
+    remote: RemoteConfig | None = None  # [remote]: parties that are agents (config/remote.py)
 
     @property
     def noise(self) -> NoiseSource:
@@ -168,6 +170,13 @@ class MarketConfig:
         for key in ("budgets", "consumer_budget"):  # caps are public, stores' paths are not
             record[key] = _caps(record[key])
         record["requests"] = [r.public() for r in self.requests]
+        if self.remote is not None:  # who is remote and how they are admitted (no key paths)
+            record["remote"] = {
+                "owners": list(self.remote.owners),
+                "nodes": list(self.remote.nodes),
+                "fingerprints": dict(self.remote.fingerprints),
+                "listen": self.remote.listen,
+            }
         return record
 
 

@@ -21,6 +21,7 @@ from dpmarket.actors.config.budgets import (
 from dpmarket.actors.config.checks import ConfigError
 from dpmarket.actors.config.inputs import FaultConfig, MarketConfig
 from dpmarket.actors.config.placement import PLACEMENT_KEYS, parse_placements
+from dpmarket.actors.config.remote import check_remote_market, parse_remote
 from dpmarket.actors.config.requests import parse_requests
 from dpmarket.actors.config.validate import check_schema, resolved_data
 from dpmarket.protocol.securesum.spec import SHARE_MODES
@@ -46,7 +47,15 @@ def check_keys(section: str, table: dict[str, Any], allowed: set[str]) -> None:
 
 # ------------------------------------------------------------------------ the market run
 MARKET_SECTIONS = {
-    "run": {"name", "seed", "out", "deadline_seconds", "reproducible_noise", "noise_seed"},
+    "run": {
+        "name",
+        "seed",
+        "out",
+        "deadline_seconds",
+        "reproducible_noise",
+        "noise_seed",
+        "simulation",
+    },
     "market": {
         "owners",
         "compute_nodes",
@@ -130,7 +139,9 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     for item in sets or []:
         checks.apply_set(data, item)
     check_keys(
-        f"{name}: top level", data, set(MARKET_SECTIONS) | {"owners", "consumer", "requests"}
+        f"{name}: top level",
+        data,
+        set(MARKET_SECTIONS) | {"owners", "consumer", "requests", "remote"},
     )
     for section, allowed in MARKET_SECTIONS.items():
         if not isinstance(data.get(section, {}), dict):
@@ -148,10 +159,14 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     reproducible = run.get("reproducible_noise", False)
     if not isinstance(reproducible, bool):
         raise ConfigError(f"{name}: [run].reproducible_noise: expected true or false")
-    if reproducible and source == "files":
+    simulation = run.get("simulation", False)
+    if not isinstance(simulation, bool):
+        raise ConfigError(f"{name}: [run].simulation: expected true or false")
+    if reproducible and source == "files" and not simulation:
         raise ConfigError(
             f"{name}: [run].reproducible_noise: refused with [data].source = 'files' (noise "
-            "from a public seed would make every release of private data reversible)"
+            "from a public seed would make every release of private data reversible; a test "
+            "on files that are not private says so with [run].simulation = true)"
         )
     if "noise_seed" in run and not reproducible:
         raise ConfigError(
@@ -163,11 +178,13 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
             f"{name}: [summary].neighbouring: 'add_remove' refused with [data].source = 'files' "
             "(m and q are published, so it would under-charge the releases of private data)"
         )
-    _check_data(name, source, data.get("data", {}), owners, Path(path).parent, "requests" in data)
+    M = _int(name, "[market].compute_nodes", market.get("compute_nodes", 3), 1)
+    remote = parse_remote(name, data.get("remote"), Path(path).parent, owners, M)
+    local = tuple(o for o in owners if remote is None or o not in remote.owners)
+    _check_data(name, source, data.get("data", {}), local, Path(path).parent, "requests" in data)
     p = _int(name, "[market].summary_size", market.get("summary_size", 50), 1)
     seed = _int(name, "[run].seed", run.get("seed", 0), 0)
     checks.check_data_keys(name, source, data.get("data", {}), K, p, seed)
-    M = _int(name, "[market].compute_nodes", market.get("compute_nodes", 3), 1)
     checks.check_faults(name, data.get("faults", {}), owners, M)
     config = MarketConfig(
         source=source,
@@ -198,6 +215,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         secure=checks.secure_settings(name, data.get("privacy", {}), data.get("sketch", {})),
         path=name,
         placement=parse_placements(name, data.get("owners", {}), owners, OWNER_BUDGET_KEYS),
+        remote=remote,
     )
     if source == "files":  # paths absolute and the schema checked, once (validate.py)
         resolved = resolved_data(name, config.data)
@@ -209,6 +227,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         config, budgets=budgets, consumer_budget=consumer, requests=requests
     )
     check_request_params(config)
+    check_remote_market(name, config)
     m = config.data.get("n_validation", 500)  # m is known at run time; any m checks the keys
     try:
         config.curator_params(gamma=1.0, m=m if isinstance(m, int) and m >= 1 else 500)
@@ -252,10 +271,11 @@ def _check_data(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
         ):
             raise ConfigError(f"{path}: [data].{key}: expected a number or a list of numbers")
-    files = data.get("files")
+    files = data.get("files", {} if not owners else None)  # remote owners hold their own
     if not isinstance(files, dict) or set(files) != set(owners):
         raise ConfigError(
-            f"{path}: [data.files]: expected one list of input files per owner {list(owners)}"
+            f"{path}: [data.files]: expected one list of input files per local owner "
+            f"{list(owners)} (remote owners' files are in their own agents' configurations)"
         )
     for owner, paths in files.items():
         if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):

@@ -303,7 +303,7 @@ def check_inputs(config: MarketConfig) -> InputsCheck:
     schema = config.schema if config.schema is not None else check_schema(config)
     checks = [
         _check_file(config, schema, owner, ("data.files", owner), Path(name))
-        for owner, names in config.data["files"].items()
+        for owner, names in config.data.get("files", {}).items()
         # on its own node: checked there (actors/config/placement.py)
         if owner not in config.placement
         for name in names

@@ -15,12 +15,12 @@ from dpmarket.protocol.securesum.spec import DcaConfig
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 
-__all__ = ["ComputeNodeActor"]
+__all__ = ["ComputeNodeActor", "ComputeNodeHost"]
 
 
-@ray.remote(num_cpus=0)
-class ComputeNodeActor:
-    """Ray actor around one compute node of the secure sum. ``private_key`` (raw X25519 bytes)
+class ComputeNodeHost:
+    """One compute node of the secure sum, as a Ray actor (:data:`ComputeNodeActor`) or in a
+    node's own agent (actors/remote/nodeagent.py). ``private_key`` (raw X25519 bytes)
     comes from the operator, who pins its fingerprint at the owners; ``client_keys`` are the
     owners' public keys the operator collected from them directly (registrations under another
     key are refused); ``plan`` the operator's round plan (protocol/securesum/plan.py: an open
@@ -65,3 +65,7 @@ class ComputeNodeActor:
 
     async def status(self) -> dict[str, Any]:
         return {"registered": self._node.registered, "errors": list(self.errors)}
+
+
+ComputeNodeActor = ray.remote(num_cpus=0)(ComputeNodeHost)
+"""The Ray actor of :class:`ComputeNodeHost` (what the driver spawns for a local node)."""

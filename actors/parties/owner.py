@@ -37,7 +37,7 @@ from dpmarket.streams.race.sketch import RaceSketch
 from dpmarket.streams.records.files import CsvDecoder, Schema
 from dpmarket.streams.records.tail import FileTailer, TailBatch
 
-__all__ = ["OwnerActor", "handle_frames"]
+__all__ = ["OwnerActor", "OwnerHost", "handle_frames"]
 
 
 def handle_frames(
@@ -75,12 +75,13 @@ class _Hosted:
 OwnerData = tuple[npt.NDArray[np.float64] | int, npt.NDArray[np.float64] | None]
 
 
-@ray.remote(num_cpus=0)
-class OwnerActor:
-    """Ray actor hosting one owner, or several co-located owners (a simulation on few cores;
-    in a deployment every owner runs its own actor on its own node). ``owners`` maps a name to
-    (records, labels), where records may be a feature count when they arrive from files
-    (:meth:`start_ingest`). ``delays`` simulates slow owners (seconds before every reply).
+class OwnerHost:
+    """The owners of one process: as a Ray actor (:data:`OwnerActor`), one owner or several
+    co-located ones (a simulation on few cores; in a deployment every owner runs its own actor
+    on its own node); in an owner's own agent (actors/remote/owneragent.py), that owner alone.
+    ``owners`` maps a name to (records, labels), where records may be a feature count when
+    they arrive from files (:meth:`start_ingest`). ``delays`` simulates slow owners (seconds
+    before every reply).
 
     Every method names the owner it acts for; each hosted owner keeps its own party, replay
     guard, secure-sum client and tailers, so co-location shares the process and nothing else.
@@ -95,6 +96,7 @@ class OwnerActor:
         dca: OperatorTrust | None = None,
         budgets: dict[str, BudgetGate] | None = None,
         profile_floor: float | None = None,
+        point_limit: int | None = None,
     ) -> None:
         """``dca``: the operator's trust anchors for the secure sum (actors/parties/dcaowner.py),
         given
@@ -102,7 +104,8 @@ class OwnerActor:
         the owner takes no part in a secure sum.
         ``budgets``: per owner, its store, cap and the summary phase's planned charge
         (actors/budgets/gate.py): such an owner charges its own ledger before contributing.
-        ``profile_floor``: the operator's noise multiplier for allocate-select's profile."""
+        ``profile_floor``: the operator's noise multiplier for allocate-select's profile;
+        ``point_limit``: the most distinct points each owner delivers (an agent's own policy)."""
         if not owners:
             raise ValueError("owners: an owner actor hosts at least one owner")
         delays = delays or {}
@@ -112,7 +115,9 @@ class OwnerActor:
             # an int means "no records yet, this many features": records arrive by ingestion
             X0 = np.zeros((0, X)) if isinstance(X, int) else X
             rng = noise.generator(f"summary:{name}")
-            owner = Owner(name, run, X0, y, rng=rng, profile_floor=profile_floor)
+            owner = Owner(
+                name, run, X0, y, rng=rng, profile_floor=profile_floor, point_limit=point_limit
+            )
             hosted = _Hosted(owner, ReplayGuard(), delays.get(name, 0.0))
             if dca is not None:  # noise keyed in this process (OS entropy unless simulated)
                 hosted.dca = OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))
@@ -128,6 +133,7 @@ class OwnerActor:
         dca: OperatorTrust | None = None,
         budgets: dict[str, BudgetGate] | None = None,
         profile_floor: float | None = None,
+        point_limit: int | None = None,
     ) -> dict[str, Any]:
         """A later purchase on this actor (``[[requests]]``, actors/run/requests.py), given by
         the operator (the driver), never by a curator: per hosted owner a fresh party of run
@@ -139,7 +145,7 @@ class OwnerActor:
             if hosted.gate is not None:
                 hosted.gate.store.close()
             rng = noise.generator(f"summary:{name}")
-            hosted.party = hosted.party.fork(run, rng, profile_floor)
+            hosted.party = hosted.party.fork(run, rng, profile_floor, point_limit)
             hosted.guard, hosted.errors = ReplayGuard(), []
             hosted.dca = (
                 None if dca is None else OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))
@@ -234,6 +240,14 @@ class OwnerActor:
             "gap_bytes": sum(t.gap_bytes for t in hosted.tailers.values()),
         }
 
+    async def rounds_used(self, owner: str, used: dict[str, int]) -> None:
+        """Start the owner's round allowance of this purchase at ``used`` rounds per label
+        (an agent resuming a purchase: the rounds its store shows it already contributed to
+        count against the plan, so a resumed market cannot ask for them again)."""
+        dca = _dca_of(self._owner(owner), owner)
+        for label, count in used.items():
+            dca.allowance.used[label] = max(dca.allowance.used[label], int(count))
+
     async def warm_up(self) -> float:
         """Compile the sketch kernels now (numba; cached on disk after the first process), so
         the first secure-sum round is not delayed past its deadline; returns seconds spent."""
@@ -316,6 +330,10 @@ class OwnerActor:
             "asks": party.asks,
             "errors": list(hosted.errors),
         }
+
+
+OwnerActor = ray.remote(num_cpus=0)(OwnerHost)
+"""The Ray actor of :class:`OwnerHost` (what the driver spawns)."""
 
 
 def _dca_of(hosted: _Hosted, owner: str) -> OwnerSecureSum:

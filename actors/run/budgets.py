@@ -40,13 +40,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from dpmarket.actors.budgets.gate import BudgetGate
+from dpmarket.actors.budgets.gate import BudgetGate, summary_plan
 from dpmarket.actors.budgets.store import LedgerStore
 from dpmarket.actors.config.market import MarketConfig
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent, PrivacyLedger
 from dpmarket.protocol.summary.curator import CuratorParams
-from dpmarket.protocol.summary.snr import planned_owner_ledger, planned_validation_ledger
+from dpmarket.protocol.summary.snr import planned_validation_ledger
 
 __all__ = [
     "budget_report",
@@ -64,8 +64,9 @@ TOLERANCE = 1e-6  # relative: both sides are the same PLD computation of the sam
 
 def ledger_run_id(journal_dir: Path, fresh: bool, config: MarketConfig) -> str:
     """This run's id in the owners' stores: new for a fresh run, the journaled one on resume
-    ("" without persistent budgets)."""
-    if not config.budgets and config.consumer_budget is None:
+    ("" without persistent budgets; remote owners always keep theirs)."""
+    remote = config.remote is not None and config.remote.owners
+    if not config.budgets and config.consumer_budget is None and not remote:
         return ""
     path = journal_dir / "ledger_run"
     if not fresh and path.is_file():
@@ -81,10 +82,7 @@ def owner_gates(
     """Per owner with a store: its gate (store, cap, this run, the planned summary charge)."""
     if not config.budgets:
         return None
-    summary = tuple(  # labelled as what they are: the plan's upper bound, charged up front
-        dataclasses.replace(e, label=f"summary plan: {e.label or e.mechanism}")
-        for e in planned_owner_ledger(params).events
-    )
+    summary = summary_plan(params)
     return {
         name: BudgetGate(b, run, summary, b.block_records, b.block_seconds)
         for name, b in config.budgets.items()
@@ -136,9 +134,10 @@ def budget_report(
 ) -> dict[str, Any] | None:
     """The ``budgets`` section of report.json (None without persistent budgets): every owner's
     store, and the consumer's against the validation set's ledger, compared (:func:`reconcile`)."""
-    if not config.budgets and config.consumer_budget is None:
+    remote = list(config.remote.owners) if config.remote is not None else []
+    if not config.budgets and config.consumer_budget is None and not remote:
         return None
-    views = collect_views(handles, list(config.budgets), alive)
+    views = collect_views(handles, list(config.budgets) + remote, alive)
     if config.consumer_budget is not None:
         store = _consumer_store(config)
         try:
@@ -195,6 +194,9 @@ def reconcile(
     for name, view in sorted(views.items()):
         if view is None:
             continue  # no store for this owner
+        if "declined" in view:  # a remote owner's own policy declined: charged nothing
+            owners[name] = {"status": "declined", "reason": str(view["declined"])}
+            continue
         if "unreachable" in view:
             owners[name] = {"status": "unreachable", "reason": view["unreachable"]}
             errors.append(f"{name}: store not read at the end of the run ({view['unreachable']})")

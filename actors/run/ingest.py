@@ -107,7 +107,7 @@ def file_inputs(config: MarketConfig, headers: dict[str, bool], rejects_dir: Pat
         sets[key], _, rejects[key] = _read_all(
             path, schema, headers.get(str(path), False), rejects_dir / key
         )
-    files = {o: [str(p) for p in ps] for o, ps in config.data["files"].items()}
+    files = {o: [str(p) for p in ps] for o, ps in config.data.get("files", {}).items()}
     # a placed owner's files are on its node, not probed here: a header only if declared
     declared = config.data.get("header") is True
     headers = headers | {p: declared for o in config.placement for p in files.get(o, [])}

@@ -31,6 +31,7 @@ from dpmarket.actors.harness.evaluation import svm_accuracy
 from dpmarket.actors.parties.curator import pool_file, read_pool_rows
 from dpmarket.actors.parties.faults import FaultPlan, fault_verdicts
 from dpmarket.actors.randomness import public_generator
+from dpmarket.actors.remote.handles import is_remote
 from dpmarket.actors.run.budgets import budget_report, consumer_refusal, ledger_run_id, owner_gates
 from dpmarket.actors.run.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
 from dpmarket.actors.run.outputs import mmd2_by_prefix
@@ -42,6 +43,7 @@ from dpmarket.actors.run.phases import (
     summarise,
 )
 from dpmarket.actors.run.preflight import RunPlan, plan_run
+from dpmarket.actors.run.remote import finish_remote, offer_purchase, start_remote
 from dpmarket.actors.run.report import CONSUMER_REPORT, write_outputs
 from dpmarket.actors.run.spawn import OwnerInputs, RayMarket, spawn_market
 from dpmarket.actors.run.survivors import survivor_reports
@@ -112,33 +114,69 @@ def _drive(
     attempt_dir: Path,
     ledger_run: str = "",
 ) -> Any:
-    """Spawn the actors, ingest, run the curator, kill and resume it if the config says so."""
-    import ray
+    """Spawn the actors (with ``[remote]``: the gateway first, and the agents' stand-ins:
+    actors/run/remote.py), ingest, run the curator, kill and resume it if the config says so."""
 
     faults = config.faults
     plan = FaultPlan(kill_at=dict(faults.kill), delay=dict(faults.slow))
-    # the secure-sum session, node keys and round plan exist before any owner actor does
-    prep = prepare_secure(config, inputs.owners, inputs.gamma, run_plan.params, snapshot)
-    if (declined := consumer_refusal(config, run_plan.params, ledger_run)) is not None:
-        return declined  # the consumer's cap (actors/run/budgets.py): before any actor exists
-    require_placeable(config.placement)  # refused now, not an actor never placed
-    market = spawn_market(
-        inputs.owners,
-        run_plan.params,
-        config.noise,
-        plan,
-        config.name,
-        str(journal),
-        snapshot,
-        placement=config.placement,
-        owners_per_actor=config.owners_per_actor,
-        dca=prep.trust if prep is not None else None,
-        budgets=owner_gates(config, run_plan.params, ledger_run),
-    )
-    try:  # owners' files readable on their nodes, every actor's dpmarket the driver's: or exit 2
-        preflight_owners(
-            market.owners | {"curator": market.curator}, inputs.files or {}, config.placement
+    remote = start_remote(config)  # agents dial in before anything else of the run exists
+    payload: Any = None
+    try:
+        # the secure-sum session, node keys and round plan exist before any owner actor does
+        prep = prepare_secure(
+            config, inputs.owners, inputs.gamma, run_plan.params, snapshot,
+            remote.node_keys if remote is not None else None,
+        )  # fmt: skip
+        if (declined := consumer_refusal(config, run_plan.params, ledger_run)) is not None:
+            payload = declined
+            return declined  # the consumer's cap (actors/run/budgets.py): before any actor
+        require_placeable(config.placement)  # refused now, not an actor never placed
+        market = spawn_market(
+            inputs.owners,
+            run_plan.params,
+            config.noise,
+            plan,
+            config.name,
+            str(journal),
+            snapshot,
+            placement=config.placement,
+            owners_per_actor=config.owners_per_actor,
+            dca=prep.trust if prep is not None else None,
+            budgets=owner_gates(config, run_plan.params, ledger_run),
+            remote=remote.owners if remote is not None else None,
         )
+        if remote is not None:
+            market.remote_nodes = dict(remote.nodes)
+            offer_purchase(remote, config, run_plan.params, prep, inputs.schema, ledger_run)
+        payload = _ingest_and_buy(
+            config, inputs, market, prep, plan, journal, snapshot, ledger_run, attempt_dir
+        )
+        if remote is not None and isinstance(payload, dict):
+            payload["remote"] = remote.public()
+        return payload
+    finally:
+        done = isinstance(payload, dict) and payload.get("state") not in (None, "refused")
+        reason = "complete" if done else str((payload or {}).get("reason", "the market stopped"))
+        finish_remote(remote, done, reason)
+
+
+def _ingest_and_buy(
+    config: MarketConfig,
+    inputs: MarketInputs,
+    market: RayMarket,
+    prep: SecurePrep | None,
+    plan: FaultPlan,
+    journal: Path,
+    snapshot: Any,
+    ledger_run: str,
+    attempt_dir: Path,
+) -> Any:
+    """Local owners' files checked and followed, every owner caught up, then the purchase."""
+    import ray
+
+    local = {o: h for o, h in market.owners.items() if not is_remote(h)}
+    try:  # owners' files readable on their nodes, every actor's dpmarket the driver's: or exit 2
+        preflight_owners(local | {"curator": market.curator}, inputs.files or {}, config.placement)
         if inputs.files is not None and inputs.schema is not None:
             ray.get(
                 [
@@ -186,7 +224,7 @@ def purchase(
     payload["owners"] = survivor_reports(market.owners, payload["transport"]["dead"])
     payload["budgets"] = budget_report(
         config, ledger_run, market.owners, list(payload["owners"]), payload["ledgers"]
-    )
+    )  # a remote owner's store is in its agent, asked the same way (actors/run/remote.py)
     return payload
 
 
@@ -321,7 +359,7 @@ def market_outcome(
             ),
         )
         for o, st in payload["owners"].items()
-        if inputs.files is not None
+        if inputs.files is not None and o in inputs.files  # a remote owner's are its own
     }
     rejects |= {
         key: (n, str(attempt_dir / key / "rejects.jsonl"))

@@ -21,6 +21,7 @@ from dpmarket.actors.config.market import MarketConfig
 from dpmarket.actors.parties.dcaowner import OperatorTrust
 from dpmarket.actors.parties.faults import FaultPlan
 from dpmarket.actors.parties.securephase_journal import journaled_summary, secure_resumable
+from dpmarket.actors.remote.handles import is_remote
 from dpmarket.actors.run.spawn import OwnerInputs, RayMarket, actor_options, unique_actors
 from dpmarket.protocol.privacy.ledger import record_relation
 from dpmarket.protocol.securesum.plan import SecureSumPlan
@@ -64,7 +65,12 @@ class SecurePrep:
 
 
 def prepare_secure(
-    config: MarketConfig, inputs: OwnerInputs, gamma: float, params: CuratorParams, snapshot: Any
+    config: MarketConfig,
+    inputs: OwnerInputs,
+    gamma: float,
+    params: CuratorParams,
+    snapshot: Any,
+    remote_nodes: dict[str, bytes | None] | None = None,
 ) -> SecurePrep | None:
     """The secure-sum session of a run, from the public config alone (None when the secure
     phases are off or the resumed journal holds them finished:
@@ -83,7 +89,13 @@ def prepare_secure(
     ``moments_sensitivity`` and ``sketch_sensitivity`` for it, sigma is calibrated to each
     round's (eps, delta) at that sensitivity (so the per-round epsilon is as configured), and
     the plan's relation is what the owners' and nodes' checks compare and what every ledger
-    (the curator's, the owners' stores) records for a round."""
+    (the curator's, the owners' stores) records for a round.
+
+    ``remote_nodes``: the remote compute nodes (actors/run/remote.py) and the public key each
+    one gave over its authenticated stream (None: it never joined; it is pinned to a key
+    nobody holds, so the session cannot start without it, as with a lost local node). They
+    make their own keys; the local nodes are ``compute-1 ..`` for the rest of
+    ``compute_nodes``."""
     from dpmarket.protocol.securesum.driver import _auto_frac_bits
     from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
 
@@ -107,7 +119,9 @@ def prepare_secure(
             (rows * width, secure["eps_refresh"], sens_sketch),
         )
     )
-    nodes = tuple(f"compute-{i + 1}" for i in range(config.compute_nodes))
+    remote_nodes = remote_nodes or {}
+    local_nodes = tuple(f"compute-{i + 1}" for i in range(config.compute_nodes - len(remote_nodes)))
+    nodes = local_nodes + tuple(remote_nodes)
     dca = DcaConfig(
         f"{config.name}-dca",
         tuple(owners),
@@ -119,9 +133,11 @@ def prepare_secure(
         colluders=tuple(config.faults.colluders),  # they count against T in every round
     )
     node_keys, pins = {}, {}
-    for name in nodes:
+    for name in local_nodes:
         private, public = generate_keypair()
         node_keys[name], pins[name] = private.private_bytes_raw(), key_fingerprint(public)
+    for name, public_key in remote_nodes.items():  # an absent node: a key nobody holds
+        pins[name] = key_fingerprint(public_key or generate_keypair()[1])
     sketch = {
         "family": "l2",
         "rows": int(rows),
@@ -190,7 +206,7 @@ def secure_phases(
         return {"skipped": "disabled" if not config.secure["enabled"] else "resumed run"}
     handles = spawn_nodes(prep, market)
     for name in config.faults.kill_compute:  # simulated compute-node crash
-        if name in handles:
+        if name in handles and not is_remote(handles[name]):
             ray.kill(handles[name], no_restart=True)
     progress("owners: compiling sketch kernels")
     gather_alive([h.warm_up.remote() for h in unique_actors(market.owners)])
@@ -211,7 +227,8 @@ def secure_phases(
     result["curator_restarts"] = restarts
     if not config.secure["refresh_every"]:  # no refresh rounds later: the nodes can go now
         for handle in handles.values():
-            ray.kill(handle)
+            if not is_remote(handle):
+                ray.kill(handle)
         market.compute_nodes = {}
     print(file=sys.stderr)
     return result
@@ -238,6 +255,8 @@ def spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     curator): a registration under another key is refused at the node; and the round plan,
     so a node opens no round below the plan's sigma floor or beyond its count."""
 
+    import ray
+
     from dpmarket.actors.cluster.placement import preflight_owners
     from dpmarket.actors.parties.compute import ComputeNodeActor
     from dpmarket.protocol.securesum.sealing import generate_keypair
@@ -251,13 +270,20 @@ def spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
         for o, key in zip(dca.clients, publics, strict=True)
     }
     nodes = {
-        name: ComputeNodeActor.options(  # type: ignore[attr-defined]
-            **actor_options(market.run_id, name)
-        ).remote(dca, name, prep.node_keys[name], client_keys, prep.trust.plan)
+        name: ComputeNodeActor.options(**actor_options(market.run_id, name)).remote(
+            dca, name, prep.node_keys[name], client_keys, prep.trust.plan
+        )
         for name in dca.nodes
+        if name in prep.node_keys
     }
     preflight_owners(nodes, {}, {})  # each runs the driver's dpmarket, or refused by name
-    return nodes
+    for name, handle in market.remote_nodes.items():  # its own key; the session, keys, plan
+        try:
+            ray.get(handle.begin.remote(dca, client_keys, prep.trust.plan))
+        except ray.exceptions.RayTaskError as exc:  # absent: the session cannot start
+            print(f"dpmarket: {name}: {exc}", file=sys.stderr)
+        nodes[name] = handle
+    return {name: nodes[name] for name in dca.nodes}
 
 
 def standardize(

@@ -39,7 +39,9 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
 - ``faults``: owners lost (epoch), dropped, frames late, deliveries rejected, the colluders,
   ``transport`` (``refused`` frames per owner, ``expelled`` and ``dead`` parties) and
   ``verdicts`` (per simulated fault: tolerated and how, or not triggered, with the T budget
-  used): which parties failed and how T was spent, which owners need to check.
+  used): which parties failed and how T was spent, which owners need to check; ``remote``
+  (with ``[remote]``: the remote owners and nodes, those absent at the join deadline, and the
+  owners that declined the purchase by their own policy, with their reasons).
 - ``timings``: ``start`` and ``ingest_and_summarise`` seconds (wall clock the owners observe).
 - ``secure_phases``: the secure-sum rounds' DP releases and their noise: ``normalise`` (DP pool
   count, per-feature means and spreads; with ``standardize`` on, owners also receive the means
@@ -110,7 +112,9 @@ adds nothing; ``moved``: now in report.private.json.
   (owners must see how T was spent). A deadline reads the clock and an owner's reply time
   grows with its records, so who was dropped or late is timing, which every party observes.
   An owner dropped in the "asking" phase, or whose delivery was rejected, was asked.
-  ``transport.frames_sent/bytes_sent/calls/errors``: no, moved.
+  ``transport.frames_sent/bytes_sent/calls/errors``: no, moved. ``remote``: no*, who joined
+  and who declined is participation, which every party sees (a declined owner is lost to all);
+  a decline's reasons name the offer's public parameters and the owner's own policy limits.
 - ``timings``: no* (wall clock of phases every owner takes part in).
 - ``secure_phases``: yes for :data:`PUBLIC_SECURE` (DP releases); coverage reads D_v: moved.
 - ``budgets``: without blocks yes (public parameters, the owner's own charges and declines);
@@ -314,6 +318,7 @@ def public_report(
             "colluders": list(colluders),
             "verdicts": payload.get("fault_verdicts", []),
             "transport": {k: v for k, v in payload["transport"].items() if k in PUBLIC_TRANSPORT},
+            "remote": payload.get("remote"),  # agents absent or declined: seen by every party
         },
         "timings": {k: v for k, v in timings.items() if k in PUBLIC_TIMINGS},
         "secure_phases": public_secure,

@@ -59,12 +59,16 @@ class RayMarket:
     spawn_curator: Any  # Callable[[snapshot | None], curator handle]
     compute_nodes: dict[str, Any] = field(default_factory=dict)  # alive while the run needs them
     run_id: str = "run"  # names the actors: actor_options(run_id, role)
+    remote_nodes: dict[str, Any] = field(default_factory=dict)  # stand-ins (actors/remote/)
 
     def kill_all(self) -> None:
         import ray
 
+        from dpmarket.actors.remote.handles import is_remote
+
         for handle in [self.curator, *unique_actors(self.owners), *self.compute_nodes.values()]:
-            ray.kill(handle)
+            if not is_remote(handle):  # a stand-in: its agent is told by the gateway
+                ray.kill(handle)
 
 
 def spawn_market(
@@ -79,8 +83,11 @@ def spawn_market(
     owners_per_actor: int = 1,
     dca: OperatorTrust | None = None,
     budgets: dict[str, Any] | None = None,
+    remote: dict[str, Any] | None = None,
 ) -> RayMarket:
     """Spawn one owner actor per owner and the curator actor (Ray must be connected).
+    ``remote``: stand-ins of remote owners (actors/remote/handles.py), used as their handles
+    (no actor is spawned for them; the curator knows every owner).
 
     ``dca`` is the operator's secure-sum trust anchors (actors/parties/dcaowner.py): every owner
     actor
@@ -95,10 +102,17 @@ def spawn_market(
     """
     inputs = scenario if isinstance(scenario, OwnerInputs) else OwnerInputs.of(scenario)
     faults = faults or FaultPlan()
+    remote = remote or {}
+    local = OwnerInputs(
+        {o: v for o, v in inputs.owners.items() if o not in remote},
+        inputs.validation,
+        inputs.seed_set,
+    )
     owners = spawn_owners(
-        inputs, params.profile_floor, noise, faults, run_id, placement, owners_per_actor, dca,
+        local, params.profile_floor, noise, faults, run_id, placement, owners_per_actor, dca,
         budgets,
-    )  # fmt: skip
+    ) if local.owners else {}  # fmt: skip
+    owners = {o: owners[o] if o in owners else remote[o] for o in inputs.owners}
     spawn = curator_spawner(run_id, inputs, params, noise, journal)
     return RayMarket(owners, spawn(snapshot), spawn, run_id=run_id)
 
@@ -122,7 +136,7 @@ def spawn_owners(
     owners: dict[str, Any] = {}
     for group in owner_groups(list(inputs.owners), owners_per_actor, faults, placement):
         role = group[0] if len(group) == 1 else "owners-" + "-".join(_number(n) for n in group)
-        handle = OwnerActor.options(  # type: ignore[attr-defined]
+        handle = OwnerActor.options(
             **placement.get(group[0], Placement()).options(), **actor_options(run_id, role)
         ).remote(
             run_id,

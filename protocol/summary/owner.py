@@ -102,6 +102,7 @@ class Owner:
         y: npt.ArrayLike | None = None,
         rng: np.random.Generator | None = None,
         profile_floor: float | None = None,
+        point_limit: int | None = None,
     ):
         """``rng``: the owner's secret generator, needed only for the noise of allocate-select's
         allocation profile (protocol/summary/allocate.py) and for exploration draws
@@ -132,6 +133,9 @@ class Owner:
         self.asks = 0
         self._rng = rng
         self._profile_floor = profile_floor
+        if point_limit is not None and (isinstance(point_limit, bool) or point_limit < 0):
+            raise ValueError(f"point_limit: expected an integer >= 0, got {point_limit!r}")
+        self._point_limit = point_limit
         self._profile: F64 | None = None  # released once, re-sent unchanged on a resume
         self._profile_records = 0  # the live records it was computed over (n_i, public)
         self._explore_key: bytes | None = None  # secret, from rng at the first exploration
@@ -166,12 +170,21 @@ class Owner:
             raise ValueError("records must be finite and labels must match the records")
         self._pending.append((X_arr, y_arr))
 
-    def fork(self, run: str, rng: np.random.Generator | None, profile_floor: float | None) -> Owner:
+    def fork(
+        self,
+        run: str,
+        rng: np.random.Generator | None,
+        profile_floor: float | None,
+        point_limit: int | None = None,
+    ) -> Owner:
         """A fresh party of run ``run`` (a later purchase) holding every record this one holds,
         pending ones included, in arrival order, with the same records retired."""
         labels = [self._store.y, *(y for _, y in self._pending)]
         y = np.concatenate(labels) if len(labels) > 1 else self._store.y
-        fresh = Owner(self.name, run, self.records(), y, rng=rng, profile_floor=profile_floor)
+        fresh = Owner(
+            self.name, run, self.records(), y, rng=rng, profile_floor=profile_floor,
+            point_limit=point_limit,
+        )  # fmt: skip
         fresh._retired = self._retired.copy()
         return fresh
 
@@ -247,6 +260,8 @@ class Owner:
         if body.profile_sigma > 0:
             return [self._out.make(msg.sender, msg.round, self._release_profile(body))]
         biddable = (self._deliveries < self._setup.max_deliveries) & ~self._retired_tokens()
+        if self._at_point_limit():  # its own limit: only points already delivered stay
+            biddable &= self._deliveries > 0
         if not biddable.any():
             self._bids = {}
             return [self._out.make(msg.sender, msg.round, PassBody("no records left to bid"))]
@@ -326,6 +341,11 @@ class Owner:
             raise RemoteProtocolError(f"summary.ask.token: {body.token} was not bid this epoch")
         if self._retired_tokens()[body.token]:
             raise RemoteProtocolError(f"summary.ask.token: {body.token} is retired")
+        if self._at_point_limit() and self._deliveries[body.token] == 0:
+            raise RemoteProtocolError(
+                f"summary.ask.token: {body.token} would exceed the owner's limit of "
+                f"{self._point_limit} points for this purchase"
+            )
         self.asks += 1
         store, token = self._store, body.token
         self._deliveries[token] += 1
@@ -337,6 +357,10 @@ class Owner:
         else:
             deliver = DeliverBody(token, point=store.X[token].copy(), label=label)
         return [self._out.make(msg.sender, msg.round, deliver)]
+
+    def _at_point_limit(self) -> bool:
+        limit = self._point_limit
+        return limit is not None and int(np.count_nonzero(self._deliveries)) >= limit
 
     def _on_finish(self, msg: Message) -> list[Message]:
         self.state = "finished"

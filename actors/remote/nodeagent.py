@@ -1,0 +1,101 @@
+"""``dpmarket node serve NODE.toml``: a compute node run by a party that is not the curator.
+
+The node makes its own X25519 key on first use (``[node].key``, created 0600 and never
+overwritten; ``dpmarket node fingerprint NODE.toml`` prints the SHA-256 fingerprint the owners
+pin), dials out to the market like an owner agent (actors/remote/agent.py) and hosts the same
+:class:`~dpmarket.actors.parties.compute.ComputeNodeHost` a local node actor runs: the session's
+configuration, the owners' public keys and the round plan arrive in the market's ``begin``; the
+node opens no round below the plan's sigma floor or beyond its count, and its private key never
+leaves this process. What it trusts the market for: the roster of owners' keys (README,
+"Across organisations": remaining threats).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from dpmarket.actors.config.checks import ConfigError
+from dpmarket.actors.parties.compute import ComputeNodeHost
+from dpmarket.actors.remote.agent import serve
+from dpmarket.actors.remote.agentconfig import NodeAgentConfig
+from dpmarket.actors.remote.owneragent import software
+from dpmarket.protocol.securesum.sealing import key_fingerprint
+from dpmarket.protocol.wire.errors import RemoteProtocolError
+
+__all__ = ["NodeAgent", "node_key", "serve_node"]
+
+
+def node_key(path: str) -> X25519PrivateKey:
+    """The node's X25519 key from ``path`` (32 raw bytes), made there first if absent."""
+    p = Path(path)
+    if not p.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        key = X25519PrivateKey.generate()
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key.private_bytes_raw())
+        return key
+    raw = p.read_bytes()
+    if len(raw) != 32:
+        raise ConfigError(f"{p}: expected a 32-byte X25519 private key, got {len(raw)} bytes")
+    return X25519PrivateKey.from_private_bytes(raw)
+
+
+def fingerprint_of(config: NodeAgentConfig) -> str:
+    return key_fingerprint(node_key(config.key).public_key().public_bytes_raw())
+
+
+class NodeAgent:
+    """The node's side of every control call."""
+
+    def __init__(self, config: NodeAgentConfig) -> None:
+        self.config = config
+        self.key = node_key(config.key)
+        self.host: ComputeNodeHost | None = None
+
+    async def dispatch(self, method: str, args: dict[str, Any]) -> Any:
+        if method == "public_key":
+            return self.key.public_key().public_bytes_raw()
+        if method == "begin":
+            config = args["config"]
+            if self.config.name not in config.nodes:
+                raise RemoteProtocolError(f"begin: {self.config.name} is not a node of the session")
+            self.host = ComputeNodeHost(
+                config, self.config.name, self.key.private_bytes_raw(), args["client_keys"],
+                args["plan"],
+            )  # fmt: skip
+            print(
+                f"dpmarket {self.config.name}: session {config.run} with "
+                f"{len(config.clients)} owners",
+                file=sys.stderr,
+                flush=True,
+            )
+            return {"ready": True}
+        if method == "status":
+            return (
+                {"registered": 0, "errors": []} if self.host is None else await self.host.status()
+            )
+        if self.host is None:
+            raise RuntimeError(f"{method}: no secure-sum session has begun")
+        if method == "handle":
+            return await self.host.handle(args["frames"])
+        if method == "tick":
+            return await self.host.tick(args["now"])
+        raise RemoteProtocolError(f"method: no node method {method!r}")
+
+
+def serve_node(config: NodeAgentConfig, give_up: float = 600.0) -> int:
+    agent = NodeAgent(config)
+    print(
+        f"dpmarket {config.name}: key fingerprint {fingerprint_of(config)}; serving market "
+        f"{config.link.market!r} at {config.link.address}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return asyncio.run(serve(config.link, agent.dispatch, software(), give_up=give_up))

@@ -1,0 +1,154 @@
+"""The driver's side of remote parties: the gateway, the joins, the offers, the end.
+
+With ``[remote]`` (actors/config/remote.py) the driver starts the gateway actor on its own node
+(actors/remote/gateway.py) before anything else of the run exists, and waits up to
+``join_deadline`` for every declared agent. A remote compute node's public key is asked over its
+authenticated stream (``public_key``) and its fingerprint pinned for the local owners (the
+operator is their operator); remote owners pin the nodes from their own configurations. Then
+every remote owner gets the purchase's offer (``begin``: the session, its round plan, the
+curator's public parameters, the schema and the ledger run) and decides by its own policy; a
+party that did not join or declined is a lost party: absent from every round, silent in the
+epochs, counted against T. When the run ends every agent is told (``agent.end``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpmarket.actors.config.inputs import MarketConfig
+from dpmarket.actors.remote.handles import RemoteHandle
+from dpmarket.actors.remote.tls import load_pem
+from dpmarket.actors.run.spawn import actor_options
+from dpmarket.protocol.agents.records import record
+from dpmarket.streams.records.files import Schema
+
+__all__ = ["RemoteParties", "finish_remote", "offer_purchase", "start_remote"]
+
+
+@dataclass
+class RemoteParties:
+    """A market's remote parties as the run sees them: the gateway and a stand-in each."""
+
+    gateway: Any
+    owners: dict[str, RemoteHandle] = field(default_factory=dict)
+    nodes: dict[str, RemoteHandle] = field(default_factory=dict)
+    node_keys: dict[str, bytes | None] = field(default_factory=dict)  # None: not joined
+    joined: dict[str, bool] = field(default_factory=dict)
+    declined: dict[str, str] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        """For report.json: who joined, who declined and why, who never came (participation
+        is seen by every party anyway: README, "Across organisations")."""
+        return {
+            "owners": sorted(self.owners),
+            "nodes": sorted(self.nodes),
+            "absent": sorted(p for p, ok in self.joined.items() if not ok),
+            "declined": dict(sorted(self.declined.items())),
+        }
+
+
+def start_remote(config: MarketConfig) -> RemoteParties | None:
+    """Start the gateway and wait for the declared agents (module docstring)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from dpmarket.actors.remote.gateway import GatewayActor
+
+    remote = config.remote
+    if remote is None:
+        return None
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    gateway: Any = GatewayActor.options(
+        scheduling_strategy=here, **actor_options(config.name, "gateway")
+    ).remote(
+        config.name,
+        remote.listen,
+        load_pem(remote.certificate, "the market's certificate"),
+        load_pem(remote.key, "the market's private key"),
+        load_pem(remote.client_ca, "the CA of the agents' certificates"),
+        remote.parties(),
+        remote.call_timeout,
+    )
+    port = ray.get(gateway.start.remote())
+    host = remote.listen.rpartition(":")[0]
+    print(
+        f"dpmarket: waiting up to {remote.join_deadline:g} s for {len(remote.parties())} remote "
+        f"parties at {host}:{port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    joined = ray.get(gateway.joined.remote(remote.join_deadline))
+    parties = RemoteParties(
+        gateway,
+        {o: RemoteHandle(gateway, o, "owner") for o in remote.owners},
+        {n: RemoteHandle(gateway, n, "node") for n in remote.nodes},
+        joined=joined,
+    )
+    absent = sorted(p for p, ok in joined.items() if not ok)
+    if absent:
+        print(f"dpmarket: not joined by the deadline (lost): {absent}", file=sys.stderr)
+    for name, handle in parties.nodes.items():
+        parties.node_keys[name] = None
+        if joined.get(name):
+            try:
+                parties.node_keys[name] = ray.get(handle.public_key.remote())
+            except ray.exceptions.RayTaskError as exc:
+                print(f"dpmarket: {name}: no public key ({exc})", file=sys.stderr)
+    return parties
+
+
+def offer_purchase(
+    parties: RemoteParties,
+    config: MarketConfig,
+    params: Any,
+    prep: Any,
+    schema: Schema | None,
+    ledger_run: str,
+) -> None:
+    """Offer the purchase to every remote owner; record who declined (and why)."""
+    import ray
+
+    if not parties.owners:
+        return
+    offer = {
+        "market": config.name,
+        "run": config.name,
+        "params": record(params),
+        "dca": None if prep is None else record(prep.config),
+        "plan": None if prep is None else record(prep.trust.plan),
+        "ledger_run": ledger_run,
+        "schema": None if schema is None else schema_record(schema),
+    }
+    names = list(parties.owners)
+    answers = ray.get([parties.owners[o].begin.remote(offer) for o in names])
+    for owner, answer in zip(names, answers, strict=True):
+        if not answer.get("accepted"):
+            reasons = answer.get("reasons") or ["declined"]
+            parties.declined[owner] = "; ".join(str(r) for r in reasons)
+    for owner, why in parties.declined.items():
+        print(f"dpmarket: {owner} takes no part in this purchase: {why}", file=sys.stderr)
+
+
+def schema_record(schema: Schema) -> dict[str, Any]:
+    return {
+        "n_features": schema.n_features,
+        "lower": [float(v) for v in schema.lower],
+        "upper": [float(v) for v in schema.upper],
+        "label_column": schema.label_column,
+        "policy": schema.policy,
+    }
+
+
+def finish_remote(parties: RemoteParties | None, finished: bool, reason: str) -> None:
+    """Tell every agent the market is over, stop the gateway."""
+    import ray
+
+    if parties is None:
+        return
+    try:
+        ray.get(parties.gateway.finish.remote(reason, finished), timeout=30)
+    except (ray.exceptions.RayError, TimeoutError) as exc:
+        print(f"dpmarket: the gateway did not stop cleanly ({exc})", file=sys.stderr)
+    ray.kill(parties.gateway)
