@@ -33,6 +33,7 @@ __all__ = [
     "MarketConfig",
     "check_keys",
     "load_market_config",
+    "parse_market_config",
 ]
 
 _SCENARIOS = ("digits", "synthetic", "files")
@@ -115,17 +116,30 @@ def _faults(path: str, table: dict[str, Any], owners: tuple[str, ...]) -> FaultC
 
 
 def load_market_config(path: str | Path, sets: list[str] | None = None) -> MarketConfig:
-    """Parse a market run TOML file; ``sets`` are ``section.key=value`` overrides (TOML values)."""
+    """Parse a market run TOML file; ``sets`` are ``section.key=value`` overrides (TOML values).
+    The config keeps the text it was parsed from and the overrides (``text``, ``sets``): a run
+    journals them, and ``resume`` parses them again (actors/config/journaled.py)."""
     name = str(path)
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         line = exc.object[: exc.start].count(b"\n") + 1
         raise ConfigError(
             f"{name}:{line}: not UTF-8 text (byte "
             f"{exc.start}: {exc.object[exc.start : exc.end]!r}); a TOML configuration must be UTF-8"
         ) from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
+    return parse_market_config(text, name, sets)
+
+
+def parse_market_config(text: str, path: str | Path, sets: list[str] | None = None) -> MarketConfig:
+    """A market config from TOML ``text`` as if read from ``path`` (the name in messages, the
+    directory relative data paths are taken from), with ``sets`` applied on top."""
+    name = str(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
     for item in sets or []:
         checks.apply_set(data, item)
@@ -206,7 +220,12 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     budgets, consumer = parse_budget_tables(name, data, owners, config.delta, PLACEMENT_KEYS)
     requests = parse_requests(name, data, source, frozenset(MARKET_SECTIONS["summary"]))
     config = dataclasses.replace(
-        config, budgets=budgets, consumer_budget=consumer, requests=requests
+        config,
+        budgets=budgets,
+        consumer_budget=consumer,
+        requests=requests,
+        text=text,
+        sets=tuple(sets or ()),
     )
     check_request_params(config)
     m = config.data.get("n_validation", 500)  # m is known at run time; any m checks the keys
