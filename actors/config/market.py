@@ -154,7 +154,7 @@ def parse_market_config(text: str, path: str | Path, sets: list[str] | None = No
     source = data.get("data", {}).get("source", "synthetic")
     if source not in _SCENARIOS:
         raise ConfigError(f"{name}: [data].source: {source!r} is not one of {list(_SCENARIOS)}")
-    K = _int(name, "[market].owners", market.get("owners", 5), 1)
+    K, M = checks.market_size(name, market)  # bounded before any owner or node is named
     T = _int(name, "[market].tolerance", market.get("tolerance", 1), 0)
     checks.check_market(name, K, T)
     checks.check_run(name, run)
@@ -178,10 +178,12 @@ def parse_market_config(text: str, path: str | Path, sets: list[str] | None = No
             "(m and q are published, so it would under-charge the releases of private data)"
         )
     _check_data(name, source, data.get("data", {}), owners, Path(path).parent, "requests" in data)
-    p = _int(name, "[market].summary_size", market.get("summary_size", 50), 1)
+    p = checks.integer(
+        name, "[market].summary_size", market.get("summary_size", 50), 1, checks.MAX_SUMMARY_SIZE
+    )
+    checks.check_summary_sizes(name, "[summary]", data.get("summary", {}))
     seed = _int(name, "[run].seed", run.get("seed", 0), 0)
     checks.check_data_keys(name, source, data.get("data", {}), K, p, seed)
-    M = _int(name, "[market].compute_nodes", market.get("compute_nodes", 3), 1)
     checks.check_faults(name, data.get("faults", {}), owners, M)
     config = MarketConfig(
         source=source,
@@ -195,9 +197,7 @@ def parse_market_config(text: str, path: str | Path, sets: list[str] | None = No
         ),
         owners=K,
         compute_nodes=M,
-        owners_per_actor=_int(
-            name, "[market].owners_per_actor", market.get("owners_per_actor", 1), 1
-        ),
+        owners_per_actor=market.get("owners_per_actor", 1),
         dca_shares=_choice(
             name, "[market].dca_shares", market.get("dca_shares", "derived"), SHARE_MODES
         ),
@@ -263,7 +263,7 @@ def _check_data(
         _number(path, "[data.stream].interval", stream.get("interval", 0.5), 0.0, 3600.0)
     if source != "files":
         return
-    _int(path, "[data].features", data.get("features"), 1)
+    checks.integer(path, "[data].features", data.get("features"), 1, checks.MAX_FEATURES)
     for key in ("lower", "upper"):
         value = data.get(key)
         values = value if isinstance(value, list) else [value]
@@ -284,7 +284,9 @@ def _check_data(
     ):
         target = data.get(key)
         if not isinstance(target, str) or not (base / target).is_file():
-            raise ConfigError(f"{path}: [data].{key}: file {target!r} not found")
+            raise ConfigError(
+                f"{path}: [data].{key}: file {target!r} not found or not a regular file"
+            )
 
 
 def check_request_params(config: MarketConfig) -> None:
@@ -292,6 +294,7 @@ def check_request_params(config: MarketConfig) -> None:
     for request in config.requests:
         derived = config.for_request(request)
         key = f"[[requests]] ({request.name}).summary"
+        checks.check_summary_sizes(config.path, key, request.summary)
         check_allocate_blocks(config.path, key, derived.overrides, config.budgets)
         m = derived.data.get("n_validation", 500)
         try:
