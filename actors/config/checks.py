@@ -29,7 +29,9 @@ __all__ = [
     "check_market",
     "check_run",
     "check_sketch",
+    "check_summary_sizes",
     "integer",
+    "market_size",
     "number",
     "secure_settings",
     "summary_error",
@@ -50,6 +52,29 @@ GENERATOR_KEYS: dict[str, tuple[str, float, float, float]] = {
     "n_test": ("int", 1, 10**7, 2000),
     "n_seed": ("int", 2, 10**6, 50),
 }
+# Size keys, bounded by what the machine and the protocol carry, checked when the config is
+# parsed, before anything of that size is built (docs/guide/configuration.md "Limits"). Every
+# owner is a party of every secure-sum round and has a ledger in every report; every owner actor
+# and compute node is a process (MAX_OWNER_ACTORS: owners / owners_per_actor, rounded up); the
+# compute nodes each hold a share of every owner's vector (M >= 2: one node alone would see
+# every value); the summary, the points bought and the features are held in the curator's
+# memory; a simulated source's points (records x dim float64s) are all in memory at once.
+MAX_OWNERS, MAX_OWNER_ACTORS, MAX_COMPUTE_NODES = 1000, 128, 32
+MAX_SUMMARY_SIZE, MAX_FEATURES = 100_000, 10_000
+MAX_SIMULATED_BYTES = 2 << 30
+# [summary] keys that size a loop or a buffer (CuratorParams checks only their lower bounds)
+SUMMARY_LIMITS: dict[str, int] = {
+    "max_epochs": 100_000,
+    "max_points": 1_000_000,
+    "max_deliveries": 1_000,
+    "tau": MAX_OWNERS,
+    "validation_iterations": 10_000_000,
+    "seed_iterations": 10_000_000,
+    "summary_iterations": 1_000_000,
+    "herding_ascent_steps": 10_000,
+    "allocation_dims": MAX_FEATURES,
+}
+
 # [data] keys each source uses; any other [data] key is refused for that source (it would be
 # silently ignored). n_points also bounds the records of a files market (the secure sums'
 # fixed-point range, actors/run/phases.py).
@@ -124,6 +149,35 @@ def check_run(path: str, run: dict[str, Any]) -> None:
             integer(path, f"[run].{key}", run[key], 0, 2**63 - 1)
 
 
+def market_size(path: str, market: dict[str, Any]) -> tuple[int, int]:
+    """``[market].owners`` and ``compute_nodes`` within their limits (before any list of
+    owners or nodes is made), and ``owners_per_actor`` keeping the owner actors within theirs."""
+    owners = integer(path, "[market].owners", market.get("owners", 5), 1, MAX_OWNERS)
+    nodes = market.get("compute_nodes", 3)
+    if nodes == 1 and not isinstance(nodes, bool):
+        raise ConfigError(
+            f"{path}: [market].compute_nodes: 1 node alone would see every owner's value in the "
+            "secure sums; expected 2 or more"
+        )
+    nodes = integer(path, "[market].compute_nodes", nodes, 2, MAX_COMPUTE_NODES)
+    group = integer(path, "[market].owners_per_actor", market.get("owners_per_actor", 1), 1, owners)
+    if -(-owners // group) > MAX_OWNER_ACTORS:
+        raise ConfigError(
+            f"{path}: [market].owners_per_actor: {owners} owners in groups of {group} make "
+            f"{-(-owners // group)} owner actors (processes), more than {MAX_OWNER_ACTORS}; "
+            f"set owners_per_actor >= {-(-owners // MAX_OWNER_ACTORS)}"
+        )
+    return owners, nodes
+
+
+def check_summary_sizes(path: str, section: str, summary: dict[str, Any]) -> None:
+    """The ``[summary]`` keys that size a loop or a buffer within :data:`SUMMARY_LIMITS`."""
+    for key, high in SUMMARY_LIMITS.items():
+        value = summary.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > high:
+            raise ConfigError(f"{path}: {section}.{key}: expected at most {high}, got {value}")
+
+
 def check_market(path: str, owners: int, tolerance: int) -> None:
     """T <= K - 2: the secure sums' noise comes from K - T - 1 >= 1 honest owners."""
     if tolerance > owners - 2:
@@ -159,6 +213,13 @@ def check_data_keys(
         else:
             sizes[key] = number(path, f"[data].{key}", data[key], low, high)
     if source == "synthetic":
+        points = sum(sizes[k] for k in ("n_points", "n_validation", "n_test", "n_seed"))
+        if points * sizes["dim"] * 8 > MAX_SIMULATED_BYTES:
+            raise ConfigError(
+                f"{path}: [data].n_points: {points:g} simulated points (n_points, n_validation, "
+                f"n_test and n_seed) of dim = {sizes['dim']:g} take {points * sizes['dim'] * 8:g} "
+                f"bytes in memory, more than {MAX_SIMULATED_BYTES} (2 GiB)"
+            )
         if sizes["n_points"] < owners:
             raise ConfigError(
                 f"{path}: [data].n_points: {sizes['n_points']:g} points cannot give each of "

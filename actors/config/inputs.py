@@ -73,6 +73,8 @@ class MarketConfig:
     schema: Schema | None = None  # a files market's record schema, checked once at parse
     written_data: dict[str, Any] = field(default_factory=dict)  # [data] as the file wrote it
     remote: RemoteConfig | None = None  # [remote]: parties that are agents (config/remote.py)
+    text: str = ""  # the TOML text parsed (journaled by a run: actors/config/journaled.py)
+    sets: tuple[str, ...] = ()  # the --set overrides applied on top of ``text``, in order
 
     @property
     def noise(self) -> NoiseSource:
@@ -165,7 +167,7 @@ class MarketConfig:
         # [data] as written (paths as the operator gave them, not the driver's absolute ones);
         # the schema is derived from it
         record["data"] = dict(self.written_data or self.data)
-        for derived in ("schema", "written_data"):
+        for derived in ("schema", "written_data", "text", "sets"):
             record.pop(derived)
         for key in ("budgets", "consumer_budget"):  # caps are public, stores' paths are not
             record[key] = _caps(record[key])

@@ -34,6 +34,7 @@ __all__ = [
     "MarketConfig",
     "check_keys",
     "load_market_config",
+    "parse_market_config",
 ]
 
 _SCENARIOS = ("digits", "synthetic", "files")
@@ -124,17 +125,30 @@ def _faults(path: str, table: dict[str, Any], owners: tuple[str, ...]) -> FaultC
 
 
 def load_market_config(path: str | Path, sets: list[str] | None = None) -> MarketConfig:
-    """Parse a market run TOML file; ``sets`` are ``section.key=value`` overrides (TOML values)."""
+    """Parse a market run TOML file; ``sets`` are ``section.key=value`` overrides (TOML values).
+    The config keeps the text it was parsed from and the overrides (``text``, ``sets``): a run
+    journals them, and ``resume`` parses them again (actors/config/journaled.py)."""
     name = str(path)
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         line = exc.object[: exc.start].count(b"\n") + 1
         raise ConfigError(
             f"{name}:{line}: not UTF-8 text (byte "
             f"{exc.start}: {exc.object[exc.start : exc.end]!r}); a TOML configuration must be UTF-8"
         ) from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
+    return parse_market_config(text, name, sets)
+
+
+def parse_market_config(text: str, path: str | Path, sets: list[str] | None = None) -> MarketConfig:
+    """A market config from TOML ``text`` as if read from ``path`` (the name in messages, the
+    directory relative data paths are taken from), with ``sets`` applied on top."""
+    name = str(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{name}: cannot read configuration ({exc})") from None
     for item in sets or []:
         checks.apply_set(data, item)
@@ -151,7 +165,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     source = data.get("data", {}).get("source", "synthetic")
     if source not in _SCENARIOS:
         raise ConfigError(f"{name}: [data].source: {source!r} is not one of {list(_SCENARIOS)}")
-    K = _int(name, "[market].owners", market.get("owners", 5), 1)
+    K, M = checks.market_size(name, market)  # bounded before any owner or node is named
     T = _int(name, "[market].tolerance", market.get("tolerance", 1), 0)
     checks.check_market(name, K, T)
     checks.check_run(name, run)
@@ -178,11 +192,13 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
             f"{name}: [summary].neighbouring: 'add_remove' refused with [data].source = 'files' "
             "(m and q are published, so it would under-charge the releases of private data)"
         )
-    M = _int(name, "[market].compute_nodes", market.get("compute_nodes", 3), 1)
     remote = parse_remote(name, data.get("remote"), Path(path).parent, owners, M)
     local = tuple(o for o in owners if remote is None or o not in remote.owners)
     _check_data(name, source, data.get("data", {}), local, Path(path).parent, "requests" in data)
-    p = _int(name, "[market].summary_size", market.get("summary_size", 50), 1)
+    p = checks.integer(
+        name, "[market].summary_size", market.get("summary_size", 50), 1, checks.MAX_SUMMARY_SIZE
+    )
+    checks.check_summary_sizes(name, "[summary]", data.get("summary", {}))
     seed = _int(name, "[run].seed", run.get("seed", 0), 0)
     checks.check_data_keys(name, source, data.get("data", {}), K, p, seed)
     checks.check_faults(name, data.get("faults", {}), owners, M)
@@ -198,9 +214,7 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
         ),
         owners=K,
         compute_nodes=M,
-        owners_per_actor=_int(
-            name, "[market].owners_per_actor", market.get("owners_per_actor", 1), 1
-        ),
+        owners_per_actor=market.get("owners_per_actor", 1),
         dca_shares=_choice(
             name, "[market].dca_shares", market.get("dca_shares", "derived"), SHARE_MODES
         ),
@@ -224,7 +238,12 @@ def load_market_config(path: str | Path, sets: list[str] | None = None) -> Marke
     budgets, consumer = parse_budget_tables(name, data, owners, config.delta, PLACEMENT_KEYS)
     requests = parse_requests(name, data, source, frozenset(MARKET_SECTIONS["summary"]))
     config = dataclasses.replace(
-        config, budgets=budgets, consumer_budget=consumer, requests=requests
+        config,
+        budgets=budgets,
+        consumer_budget=consumer,
+        requests=requests,
+        text=text,
+        sets=tuple(sets or ()),
     )
     check_request_params(config)
     check_remote_market(name, config)
@@ -263,7 +282,7 @@ def _check_data(
         _number(path, "[data.stream].interval", stream.get("interval", 0.5), 0.0, 3600.0)
     if source != "files":
         return
-    _int(path, "[data].features", data.get("features"), 1)
+    checks.integer(path, "[data].features", data.get("features"), 1, checks.MAX_FEATURES)
     for key in ("lower", "upper"):
         value = data.get(key)
         values = value if isinstance(value, list) else [value]
@@ -285,7 +304,9 @@ def _check_data(
     ):
         target = data.get(key)
         if not isinstance(target, str) or not (base / target).is_file():
-            raise ConfigError(f"{path}: [data].{key}: file {target!r} not found")
+            raise ConfigError(
+                f"{path}: [data].{key}: file {target!r} not found or not a regular file"
+            )
 
 
 def check_request_params(config: MarketConfig) -> None:
@@ -293,6 +314,7 @@ def check_request_params(config: MarketConfig) -> None:
     for request in config.requests:
         derived = config.for_request(request)
         key = f"[[requests]] ({request.name}).summary"
+        checks.check_summary_sizes(config.path, key, request.summary)
         check_allocate_blocks(config.path, key, derived.overrides, config.budgets)
         m = derived.data.get("n_validation", 500)
         try:

@@ -36,7 +36,7 @@ from dpmarket.actors.config.budgets import (
     check_existing_store,
     store_path,
 )
-from dpmarket.actors.config.checks import ConfigError, integer
+from dpmarket.actors.config.checks import MAX_SUMMARY_SIZE, ConfigError, integer
 
 __all__ = [
     "REQUEST_KEYS",
@@ -171,7 +171,9 @@ def parse_requests(
                 name,
                 files["validation"],
                 files["seed_set"],
-                None if size is None else integer(path, f"{key}.summary_size", size, 1),
+                None
+                if size is None
+                else integer(path, f"{key}.summary_size", size, 1, MAX_SUMMARY_SIZE),
                 dict(summary),
                 _consumer(path, key, table, privacy, name),
             )

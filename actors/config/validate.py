@@ -270,6 +270,11 @@ def _check_file(
     at = _at(config, section, key)
     if not path.exists():
         raise ConfigError(f"{at}: {party}'s file {path} does not exist")
+    if not path.is_file():  # a FIFO or device would block the probe, a directory never ends
+        raise ConfigError(
+            f"{at}: {party}'s file {path} cannot be read: not a regular file (a FIFO, device "
+            "or directory is refused: the run reads regular files)"
+        )
     header = config.data.get("header")
     try:
         found = probe(path, schema, header=header, max_bytes=PROBE_BYTES, max_rows=PROBE_ROWS)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +23,8 @@ import numpy as np
 
 from dpmarket.actors.cluster.connect import connect
 from dpmarket.actors.cluster.placement import preflight_owners, require_placeable
-from dpmarket.actors.config.market import ConfigError, FaultConfig, MarketConfig, load_market_config
+from dpmarket.actors.config.journaled import journal_config, restore_config, stage_consumer_files
+from dpmarket.actors.config.market import ConfigError, FaultConfig, MarketConfig
 from dpmarket.actors.config.scenarios import make_market_scenario
 from dpmarket.actors.config.validate import check_inputs, resolve_out
 from dpmarket.actors.harness.evaluation import svm_accuracy
@@ -275,10 +275,13 @@ def run_market(
         raise ConfigError(f"{config.path}: [[requests]]: bought by run_requests, not run_market")
     out = resolve_out(config, out)
     checked = check_inputs(config) if config.source == "files" else None
-    headers = checked.headers if checked is not None else {}
     journal_dir = out / JOURNAL_DIR
     if snapshot is None and (out / "report.json").exists():
         raise ConfigError(f"{out}: already holds a finished run (report.json); choose --out")
+    if snapshot is None and checked is not None:  # the run reads the journaled copies
+        config = stage_consumer_files(config, journal_dir)
+        checked = check_inputs(config)
+    headers = checked.headers if checked is not None else {}
     attempt = len(list((out / ".ingest").glob("attempt-*"))) if (out / ".ingest").exists() else 0
     attempt_dir = out / ".ingest" / f"attempt-{attempt}"
     inputs = market_inputs(config, out, headers, attempt_dir)
@@ -291,8 +294,9 @@ def run_market(
     if snapshot is None:  # a fresh run: no state of an earlier run in OUT may be resumed
         (journal_dir / "journal.json").unlink(missing_ok=True)  # first: then nothing to resume
         pool_file(journal_dir / "journal.json").unlink(missing_ok=True)
-        shutil.copyfile(config.path, journal_dir / "config.toml")
+        (journal_dir / "config.toml").write_text(config.text, encoding="utf-8")  # for people
         (journal_dir / "config_path").write_text(str(Path(config.path).resolve()))
+        journal_config(config, journal_dir)  # what resume restores (actors/config/journaled.py)
     ledger_run = ledger_run_id(journal_dir, snapshot is None, config)
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -381,7 +385,8 @@ def resume_market(
     connected: Callable[[dict[str, Any]], None] | None = None,
 ) -> MarketOutcome:
     """Continue a refused or crashed run from ``OUT/.journal`` (no new noise for journaled
-    releases; the ledger is not charged twice)."""
+    releases; the ledger is not charged twice), with the configuration the run journaled when
+    it started (``.journal/config.json``: its text and every ``--set``), never the file."""
     journal_dir = Path(out) / JOURNAL_DIR
     if (Path(out) / "requests.json").exists():  # [[requests]] (actors/run/requests.py)
         raise ConfigError(
@@ -389,8 +394,6 @@ def resume_market(
             "complete requests are not bought again)"
         )
     try:
-        original = Path((journal_dir / "config_path").read_text().strip())
-        config = load_market_config(original if original.exists() else journal_dir / "config.toml")
         snapshot = json.loads((journal_dir / "journal.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{out}: no resumable journal ({exc})") from None
@@ -406,6 +409,9 @@ def resume_market(
                 f"{out}: the journal covers {pool['count']} purchased points but its pool file "
                 f"holds {held}; cannot resume without them"
             )
+    # the run's own configuration, every --set included, never the file again; exit 2 if an
+    # input file changed in a way that would change a release (actors/config/journaled.py)
+    config = restore_config(journal_dir)
     # the simulated faults already happened; colluders still collude
     resumed = dataclasses.replace(config, faults=FaultConfig(colluders=config.faults.colluders))
     return run_market(resumed, out, address, snapshot=snapshot, connected=connected)

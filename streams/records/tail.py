@@ -98,6 +98,11 @@ class TailBatch:
         return len(self.records)
 
 
+def _escaped(name: str) -> str:
+    """``name`` as a glob that matches only itself (``glob.escape``: each of ``*?[`` bracketed)."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
 def _mark(fd: int, offset: int) -> bytes:
     return os.pread(fd, min(offset, MARK_BYTES), max(0, offset - MARK_BYTES))
 
@@ -114,7 +119,8 @@ class FileTailer:
     """Async iterator of :class:`TailBatch` over a growing, rotated file (module docstring).
 
     ``decoder`` is a chunk decoder or a :class:`Schema` (format from the path's suffix).
-    ``pattern`` is the glob of rotated names in the path's directory (default ``NAME*``).
+    ``pattern`` is the glob of rotated names in the path's directory (default ``NAME*``, the
+    name's own ``*?[`` escaped).
     ``state_path`` holds the committed state; ``rejects`` (a path, one per tailer) receives the
     rejects of each batch when it is committed. Use ``async for`` and ``await
     tailer.commit(batch)`` after taking each batch in; :meth:`close` releases it.
@@ -139,7 +145,8 @@ class FileTailer:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
         self.path, self.state_path = Path(path), Path(state_path)
-        self.pattern = pattern if pattern is not None else self.path.name + "*"
+        # the name is a name, not a pattern: ``own[1].csv`` matches itself and ``own[1].csv.1``
+        self.pattern = pattern if pattern is not None else _escaped(self.path.name) + "*"
         if isinstance(decoder, Schema):
             decoder = decoder_for(format_of(self.path), decoder)
         self.decoder, self.fsync = decoder, fsync

@@ -90,6 +90,38 @@ def test_driver_crash_after_the_secure_sums_resumes_and_charges_them_once(
     assert report["secure_phases"]["normalise"] == whole["secure_phases"]["normalise"]
 
 
+def test_resume_charges_the_scan_at_the_sigma_of_the_runs_own_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28 part 1: a run started with ``--set privacy.eps_scan=2.0`` dies after the scan
+    released; resume charges the scan at the sigma it was released with (the override's), not
+    at the config file's eps_scan = 0.5 (before the fix: sigma 49.7 instead of 14.1)."""
+
+    class DriverDied(BaseException):
+        """The driver process dying (nothing in the run may catch it)."""
+
+    def die(*args: Any, **kwargs: Any) -> Any:
+        raise DriverDied
+
+    out = tmp_path / "crash"
+    with monkeypatch.context() as patch:
+        patch.setattr(market_module, "standardize", die)
+        with pytest.raises(DriverDied):
+            _run(out, "--set", "privacy.eps_scan=2.0")
+    released = _journal(out)["secure_phases"]["rounds"]["scan"]
+    assert released["state"] == "released"
+    assert main(["resume", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["run"]["secure"]["eps_scan"] == 2.0
+    sigma = released["result"]["sigma_std"]
+    owners = [p for p in report["privacy"]["parties"] if p.startswith("owner-")]
+    for party in owners:
+        events = report["privacy"]["parties"][party]["events"]["events"]
+        scans = [e for e in events if e["label"] == "scan (secure sum)"]
+        assert [(e["count"], e["parameters"]["sigma"]) for e in scans] == [(1, sigma)]
+    assert len(owners) == 4 and report["secure_phases"]["scan"]["sigma"] == sigma
+
+
 def test_curator_killed_during_the_secure_sums_is_respawned_and_charges_once(
     tmp_path: Path,
 ) -> None:

@@ -70,6 +70,38 @@ CASES = [
     ("market.compute_nodes", "0", "[market].compute_nodes"),
     ("market.owners_per_actor", "0", "[market].owners_per_actor"),
     ("market.dca_shares", "'plain'", "[market].dca_shares"),
+    # issue 28: size keys bounded by what the machine and the protocol carry, before anything
+    # of that size is built (an owners tuple of 10^20 names took 3.9 GB before)
+    (
+        "market.owners",
+        "99999999999999999999",
+        "[market].owners: expected an integer >= 1 and <= 1000",
+    ),
+    ("market.owners", "1000000", "[market].owners: expected an integer >= 1 and <= 1000"),
+    (
+        "market.compute_nodes",
+        "1000000",
+        "[market].compute_nodes: expected an integer >= 2 and <= 32",
+    ),
+    ("market.compute_nodes", "1", "[market].compute_nodes: 1 node alone would see every"),
+    (
+        "market.owners_per_actor",
+        "5",
+        "[market].owners_per_actor: expected an integer >= 1 and <= 4",
+    ),
+    (
+        "market.summary_size",
+        "1000000",
+        "[market].summary_size: expected an integer >= 1 and <= 100000",
+    ),
+    ("data.n_points", "100000000", "[data].n_points: 1e+08 simulated points"),
+    ("summary.max_epochs", "10000000000", "[summary].max_epochs: expected at most 100000"),
+    ("summary.max_points", "99999999999", "[summary].max_points: expected at most 1000000"),
+    (
+        "summary.validation_iterations",
+        "1000000000",
+        "[summary].validation_iterations: expected at most",
+    ),
     # [run]
     ("run.deadline_seconds", "inf", "[run].deadline_seconds"),
     ("run.seed", "-1", "[run].seed"),

@@ -3,6 +3,7 @@ schema or input file exits 2 naming the file, the line and the key; header lines
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -276,3 +277,23 @@ def test_max_points_alone_selects_allocate_select_on_the_shipped_examples(name: 
     assert params.allocate and params.max_points == 60 and params.explore_share == 0
     assert main(["validate", str(path), "--set", "summary.max_points=60",
                  "--set", "summary.explore_share=1.0"]) == 2  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["owner-1", "validation", "seed"])
+def test_a_fifo_given_as_an_input_is_refused_by_name_before_anything_blocks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """Issue 28: a FIFO hung validate (the probe blocked opening it). Any non-regular input
+    exits 2 naming the key and the file; ``run`` checks the same before Ray starts."""
+    config = _market(tmp_path)
+    fifo = tmp_path / "d" / f"{name}.csv"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    assert main(["validate", str(config)]) == 2
+    err = capsys.readouterr().err
+    key = {"owner-1": "[data.files].owner-1", "validation": "[data].validation"}
+    assert key.get(name, "[data].seed_set") in err
+    assert "not a regular file" in err
+    if name == "owner-1":
+        assert str(fifo) in err
+    assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 2

@@ -139,3 +139,24 @@ async def test_copytruncate_between_the_checks_and_the_read(
         assert fired
     assert sorted(taken) == [(88, 32, "x.log.1"), (89, 40, "x.log.1"), (90, 48, "x.log.1"),
                              (123, 0, "x.log")]  # fmt: skip
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("name", ["own[1].csv", "own*.csv", "own?.csv"])
+async def test_a_file_name_with_glob_characters_is_a_name(tmp_path: Path, name: str) -> None:
+    """Issue 28: ``own[1].csv`` was taken as a glob (matching ``own1.csv``) and never read.
+    With the default pattern the file and its rotated sibling are read, and a file that the
+    name would match as a pattern (``own1.csv``, ``own-x.csv``) is not."""
+    path = tmp_path / name
+    path.write_bytes(lines(range(0, 3)))
+    for other in ("own1.csv", "own-x.csv", "owna.csv"):
+        (tmp_path / other).write_bytes(lines(range(100, 103)))
+    tailer = FileTailer(path, CsvDecoder(SCHEMA), tmp_path / "state", fsync=False)
+    async with tailer:
+        first = await poll(tailer)
+        os.rename(path, tmp_path / f"{name}.1")
+        path.write_bytes(lines(range(3, 5)))
+        append(tmp_path / f"{name}.1", lines(range(5, 6)))
+        second = await poll(tailer)
+    assert sorted(i for i, _, _ in first + second) == list(range(6))
+    assert {n for _, _, n in first + second} == {name, f"{name}.1"}

@@ -1,0 +1,155 @@
+"""The configuration a run journals when it starts and ``resume`` restores (issue 28 part 1):
+every ``--set`` kept, the file never read again, input files that changed refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpmarket.actors.commands.main import main
+from dpmarket.actors.config.inputs import FaultConfig
+from dpmarket.actors.config.journaled import (
+    journal_config,
+    restore_config,
+    stage_consumer_files,
+)
+from dpmarket.actors.config.market import ConfigError, MarketConfig, load_market_config
+from dpmarket.actors.run import market as market_module
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = "".join(f"{0.1 * i:.1f},{1 - 0.1 * i:.1f},{i % 2}\n" for i in range(8))
+OVERRIDES = ["privacy.eps_scan=2.0", "market.owners=8", "market.tolerance=3"]
+
+
+def _demo(tmp_path: Path) -> Path:
+    """A copy of configs/demo.toml the test may change on disk."""
+    path = tmp_path / "demo.toml"
+    path.write_text((ROOT / "configs" / "demo.toml").read_text())
+    return path
+
+
+def _files_market(tmp: Path) -> Path:
+    """A 2-owner files market (2 features and a label), data relative to the config."""
+    (tmp / "d").mkdir(exist_ok=True)
+    for name in ("owner-1", "owner-2", "validation", "seed"):
+        (tmp / "d" / f"{name}.csv").write_text(ROWS)
+    config = tmp / "files.toml"
+    config.write_text(
+        "[run]\nname = 'v'\n[market]\nowners = 2\ntolerance = 0\nsummary_size = 4\n"
+        "[data]\nsource = 'files'\nfeatures = 2\nlabel_column = 2\nlower = 0.0\nupper = 1.0\n"
+        "validation = 'd/validation.csv'\nseed_set = 'd/seed.csv'\n"
+        "[data.files]\n'owner-1' = ['d/owner-1.csv']\n'owner-2' = ['d/owner-2.csv']\n"
+    )
+    return config
+
+
+def _journal(config: MarketConfig, out: Path) -> MarketConfig:
+    """What a fresh run does before anything is spent (actors/run/market.py run_market)."""
+    journal = out / ".journal"
+    journal.mkdir(parents=True, exist_ok=True)
+    staged = stage_consumer_files(config, journal)
+    journal_config(staged, journal)
+    return staged
+
+
+def _without_faults(config: MarketConfig) -> MarketConfig:
+    return dataclasses.replace(config, faults=FaultConfig())
+
+
+def test_resume_restores_every_override_and_never_reads_the_file_again(tmp_path: Path) -> None:
+    """The issue's cases: eps_scan = 2.0 (the scan's sigma), owners = 8 and T = 3 set on the
+    command line survive a resume even after the file changed or vanished."""
+    path = _demo(tmp_path)
+    config = load_market_config(path, OVERRIDES)
+    _journal(config, tmp_path / "out")
+    path.write_text(path.read_text().replace("eps_scan = 0.5", "eps_scan = 0.1"))
+    restored = restore_config(tmp_path / "out" / ".journal")
+    assert _without_faults(restored) == _without_faults(config)
+    assert restored.secure["eps_scan"] == 2.0
+    assert (restored.owners, restored.tolerance) == (8, 3)
+    path.unlink()
+    assert restore_config(tmp_path / "out" / ".journal").owner_names == config.owner_names
+
+
+def test_resume_market_hands_the_run_its_journaled_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``resume_market`` runs the journaled config (not the file, which now says otherwise)."""
+    path = _demo(tmp_path)
+    out = tmp_path / "out"
+    _journal(load_market_config(path, OVERRIDES), out)
+    (out / ".journal" / "journal.json").write_text(json.dumps({"state": "running"}))
+    path.write_text(path.read_text().replace("owners = 4", "owners = 5"))
+    seen: dict[str, Any] = {}
+
+    def run(config: MarketConfig, *args: Any, **kwargs: Any) -> Any:
+        seen["config"] = config
+        return market_module.MarketOutcome(0, "ok", None)
+
+    monkeypatch.setattr(market_module, "run_market", run)
+    market_module.resume_market(out)
+    assert seen["config"].owners == 8
+    assert seen["config"].secure["eps_scan"] == 2.0
+
+
+def test_a_journal_without_its_config_is_refused(tmp_path: Path) -> None:
+    """A journal written before configs were journaled: exit 2, never the file's config."""
+    journal = tmp_path / ".journal"
+    journal.mkdir()
+    (journal / "config_path").write_text(str(ROOT / "configs" / "demo.toml"))
+    (journal / "journal.json").write_text(json.dumps({"state": "running"}))
+    assert main(["resume", str(tmp_path)]) == 2
+    with pytest.raises(ConfigError, match="no journaled configuration"):
+        restore_config(journal)
+
+
+def test_a_config_changed_in_code_is_journaled_as_not_restorable(tmp_path: Path) -> None:
+    config = dataclasses.replace(load_market_config(_demo(tmp_path)), seed=99)
+    _journal(config, tmp_path / "out")
+    with pytest.raises(ConfigError, match="cannot be restored"):
+        restore_config(tmp_path / "out" / ".journal")
+
+
+def test_files_market_reads_the_consumer_copies_and_keeps_written_paths(tmp_path: Path) -> None:
+    config = load_market_config(_files_market(tmp_path), ["summary.tau=2"])
+    staged = _journal(config, tmp_path / "out")
+    inputs = tmp_path / "out" / ".journal" / "inputs"
+    assert Path(staged.data["validation"]).parent == inputs
+    assert Path(staged.data["validation"]).read_text() == ROWS
+    assert staged.written_data == config.written_data  # report.json: as the operator wrote it
+    (tmp_path / "d" / "validation.csv").write_text(ROWS + "0.5,0.5,1\n")  # the original moved on
+    (tmp_path / "d" / "seed.csv").unlink()
+    restored = restore_config(tmp_path / "out" / ".journal")
+    assert _without_faults(restored) == _without_faults(staged)
+    assert restored.overrides["tau"] == 2
+
+
+def test_a_consumer_file_whose_bytes_changed_is_refused_by_name(tmp_path: Path) -> None:
+    staged = _journal(load_market_config(_files_market(tmp_path)), tmp_path / "out")
+    Path(staged.data["seed_set"]).write_text(ROWS.replace("0.1", "0.2"))  # the copy damaged
+    restored = restore_config(tmp_path / "out" / ".journal")  # the identical original is read
+    assert restored.data["seed_set"] == str(tmp_path / "d" / "seed.csv")
+    (tmp_path / "d" / "seed.csv").write_text(ROWS[:-1])  # and the original changed too
+    with pytest.raises(ConfigError, match=r"\[data\]\.seed_set: the consumer's file changed"):
+        restore_config(tmp_path / "out" / ".journal")
+
+
+def test_owner_files_may_grow_or_rotate_but_not_change_what_was_read(tmp_path: Path) -> None:
+    _journal(load_market_config(_files_market(tmp_path)), tmp_path / "out")
+    journal = tmp_path / "out" / ".journal"
+    owner = tmp_path / "d" / "owner-1.csv"
+    with owner.open("a") as f:  # appended: owners keep ingesting
+        f.write("0.3,0.3,1\n")
+    restore_config(journal)
+    os.rename(owner, tmp_path / "d" / "owner-1.csv.1")  # rotated: the tailer reads the sibling
+    owner.write_text("0.9,0.9,0\n")
+    restore_config(journal)
+    (tmp_path / "d" / "owner-1.csv.1").write_text(ROWS.replace("0.4", "0.6"))  # rewritten
+    with pytest.raises(ConfigError, match=r"\[data.files\]\.owner-1: .*owner-1\.csv changed"):
+        restore_config(journal)
+    assert main(["resume", str(tmp_path / "out")]) == 2  # no journal.json: refused all the same
