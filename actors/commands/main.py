@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from dpmarket.actors.commands.account import add_account_parser
 from dpmarket.actors.commands.audit import build_audit_parser
 from dpmarket.actors.commands.budget import add_budget_parser
+from dpmarket.actors.commands.certs import add_certs_parser
 from dpmarket.actors.commands.digits import add_digits_parser
 from dpmarket.actors.commands.evaluate import add_evaluate_parser
 from dpmarket.actors.commands.market import add_market_parsers
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sketch_parser(sub)
     build_audit_parser(sub)
     add_evaluate_parser(sub)
+    add_certs_parser(sub)
     return parser
 
 
