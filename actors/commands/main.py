@@ -17,6 +17,7 @@ from dpmarket.actors.commands.account import add_account_parser
 from dpmarket.actors.commands.agents import add_agent_parsers
 from dpmarket.actors.commands.audit import build_audit_parser
 from dpmarket.actors.commands.budget import add_budget_parser
+from dpmarket.actors.commands.certs import add_certs_parser
 from dpmarket.actors.commands.digits import add_digits_parser
 from dpmarket.actors.commands.evaluate import add_evaluate_parser
 from dpmarket.actors.commands.market import add_market_parsers
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     build_audit_parser(sub)
     add_evaluate_parser(sub)
     add_agent_parsers(sub)
+    add_certs_parser(sub)
     return parser
 
 

@@ -6,9 +6,10 @@ receiver applies the frame limits before decoding. gRPC's own message limit is t
 plus a little slack (``options``), so an oversized message is refused by the transport before it
 is buffered whole.
 
-Keepalive: both ends ping every 2 s and drop a connection whose ping is not answered within
-2 s, with or without calls in flight, so a silent (half-open) peer is found within seconds
-rather than when TCP gives up; the server accepts pings that often.
+Keepalive: both ends ping every 2 s and drop a connection whose ping (a keepalive or a
+flow-control probe alike) is not answered within 2 s, with or without calls in flight, so a
+silent (half-open) peer is found within seconds rather than when TCP gives up; the server
+accepts pings that often.
 
 The server's handler is an async generator: ``handler(requests, context)`` iterates the
 client's frames (``async for frame in requests``) and yields reply frames; returning ends the
@@ -50,8 +51,9 @@ Handler = Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]
 
 def options(max_frame: int = MAX_FRAME_BYTES) -> list[tuple[str, int]]:
     """Channel and server options: message limits of ``max_frame`` (+ slack) each way, and
-    keepalive pings every ``KEEPALIVE_MS`` answered within ``KEEPALIVE_MS``, also allowed
-    (by the server) from a client without calls in flight."""
+    keepalive pings every ``KEEPALIVE_MS``, and every ping answered within ``KEEPALIVE_MS``
+    (without ``ping_timeout_ms`` a flow-control probe sent with data waits a minute and holds
+    back keepalive meanwhile); the server allows such pings also without calls in flight."""
     if max_frame < 1:
         raise ValueError(f"max_frame must be positive, not {max_frame}")
     limit = max_frame + _SLACK
@@ -63,7 +65,7 @@ def options(max_frame: int = MAX_FRAME_BYTES) -> list[tuple[str, int]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
-        ("grpc.http2.min_time_between_pings_ms", KEEPALIVE_MS // 2),
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_MS),
     ]
 
 
