@@ -285,9 +285,10 @@ def unbounded_reason(params: CuratorParams, delta: float) -> str | None:
 
 STEER_MAX_FACTOR = 3.0
 """At ``max_points >= STEER_MAX_FACTOR p`` a random purchase followed by the exact selection
-already holds most of what the consumer wants on every scenario measured (issue 30:
-0.95-1.03 of the gap at 3-5 p; benchmarks/RESULTS.md "utility vs random"), so steering has little
-left to win and random-select, which releases nothing, is recommended."""
+already holds most of what the consumer wants (issue 30's report: 0.95-1.03 of the gap at
+3-5 p; benchmarks/RESULTS.md "utility_vs_random": at 3 p random-select closes 0.55-0.99, and
+allocate-select's lead shrinks to +0.1 to +0.3 where the target is rare), so random-select,
+which releases nothing, is recommended there: a judgement of privacy against a small gain."""
 
 
 def recommend_mechanism(
