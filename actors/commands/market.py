@@ -47,6 +47,9 @@ def print_plan(plan: RunPlan) -> None:
             f"  {c.name:<18} {c.protects:<11} {_number(c.signal):>8} {_number(c.noise):>8} "
             f"{_number(c.snr):>6} {_number(c.epsilon, 4):>18}"
         )
+    name, why = plan.recommendation
+    if name:
+        print(f"mechanism: {plan.params.mechanism}; the plan expects {name} to do best: {why}")
 
 
 def check_plan(strict: bool) -> Any:

@@ -34,6 +34,7 @@ __all__ = [
     "market_size",
     "number",
     "secure_settings",
+    "selected_mechanism",
     "summary_error",
 ]
 
@@ -284,16 +285,29 @@ def check_faults(path: str, table: dict[str, Any], owners: tuple[str, ...], node
         )
 
 
-def allocate_selected(summary: object) -> bool:
-    """Whether a ``[summary]`` table selects allocate-select: ``allocate = true``, or a budget
-    (``max_points``) without ``allocate = false``. Under a budget on the points it may touch
-    the curator buys by allocate-select (issue 18: it closes more of the gap than herding-select
-    held to the same budget, benchmarks/RESULTS.md "parsimony"); unbounded runs keep
+def selected_mechanism(summary: object) -> str:
+    """The purchase mechanism a ``[summary]`` table selects (protocol/summary/params.py
+    ``MARKET_MECHANISMS``): its ``mechanism`` key when given (a name outside the list is left to
+    the parameter checks, which refuse it by name); else random-select with
+    ``random_purchase = true``; else allocate-select with ``allocate = true``, or a budget
+    (``max_points``) without ``allocate = false`` (issue 18: under a budget it closes more of the
+    gap than herding-select held to the same budget, benchmarks/RESULTS.md "parsimony"); else
     herding-select. A non-boolean ``allocate`` is left to the parameter checks."""
     if not isinstance(summary, dict):
-        return False
+        return "herding-select"
+    named = summary.get("mechanism")
+    if isinstance(named, str):
+        return named
+    if summary.get("random_purchase") is True:
+        return "random-select"
     allocate = summary.get("allocate")
-    return allocate if isinstance(allocate, bool) else "max_points" in summary
+    chosen = allocate if isinstance(allocate, bool) else "max_points" in summary
+    return "allocate-select" if chosen else "herding-select"
+
+
+def allocate_selected(summary: object) -> bool:
+    """Whether a ``[summary]`` table selects allocate-select (:func:`selected_mechanism`)."""
+    return selected_mechanism(summary) == "allocate-select"
 
 
 def summary_error(path: str, exc: ParamError) -> ConfigError:

@@ -15,15 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpmarket.actors.budgets.gate import OwnerBudget
-from dpmarket.actors.config.checks import allocate_selected
+from dpmarket.actors.config.checks import selected_mechanism
 from dpmarket.actors.config.placement import Placement
 from dpmarket.actors.config.remote import RemoteConfig
 from dpmarket.actors.config.requests import Request
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.summary.allocate import plan_allocation
 from dpmarket.protocol.summary.curator import CuratorParams
-from dpmarket.protocol.summary.params import ParamError
+from dpmarket.protocol.summary.params import MARKET_MECHANISMS, ParamError
 from dpmarket.protocol.summary.plan import plan_releases
+from dpmarket.protocol.summary.random_select import plan_random_select
 from dpmarket.streams.records.files import Schema
 
 __all__ = ["PLAN_EPS_OWNER", "PLAN_EPS_VALIDATION", "FaultConfig", "MarketConfig"]
@@ -96,9 +97,12 @@ class MarketConfig:
         oversample then select; eps_owner 1 and eps_validation 3 at ``[privacy].delta``) gives
         d (from m), the validation noise, clip norm and ``max_epochs`` (from p). A
         ``[summary].eps_validation`` re-plans the Gaussian validation release at that budget.
-        ``[summary].allocate = true``, or a ``max_points`` without ``allocate = false``, adds
-        allocate-select's plan (``max_points`` 1.5 p unless given; the histogram's noise spends
-        eps_owner).
+        The mechanism (``[summary].mechanism``, actors/config/checks.py ``selected_mechanism``):
+        allocate-select (``mechanism = "allocate-select"``, ``allocate = true``, or a
+        ``max_points`` without ``allocate = false``) adds its plan (``max_points`` 1.5 p unless
+        given; the histogram's noise spends eps_owner); random-select (``mechanism =
+        "random-select"``) adds its plan (``max_points`` 1.5 p unless given; nothing released,
+        protocol/summary/random_select.py).
         """
         eps_validation = self.overrides.get("eps_validation", PLAN_EPS_VALIDATION)
         if (
@@ -129,13 +133,20 @@ class MarketConfig:
             known_colluders=len(self.faults.colluders),
         )
         extra: dict[str, Any] = {}
-        if allocate_selected(self.overrides):  # allocate-select (summary/allocate.py)
-            budget = self.overrides.get("max_points")
-            p = max(2, self.summary_size)
-            budget = budget if isinstance(budget, int) and budget >= p else None
+        mechanism = selected_mechanism(self.overrides)
+        if mechanism not in MARKET_MECHANISMS:
+            raise ParamError("mechanism", f"expected one of {list(MARKET_MECHANISMS)}, got "
+                             f"{self.overrides.get('mechanism')!r}")  # fmt: skip
+        budget = self.overrides.get("max_points")
+        p = max(2, self.summary_size)
+        budget = budget if isinstance(budget, int) and budget >= p else None
+        if mechanism == "allocate-select":  # summary/allocate.py
             rule = "mixture" if self.overrides.get("allocation_rule") == "mixture" else "histogram"
             extra = plan_allocation(PLAN_EPS_OWNER, self.delta, p, budget, rule)
-        return dataclasses.replace(base, **(plan.overrides() | extra | self.overrides))
+        elif mechanism == "random-select":  # summary/random_select.py
+            extra = plan_random_select(p, budget)
+        overrides = {k: v for k, v in self.overrides.items() if k != "mechanism"}
+        return dataclasses.replace(base, **(plan.overrides() | extra | overrides))
 
     def for_request(self, request: Request) -> MarketConfig:
         """The market config of one request: run ``RUN.NAME`` (its actors, session and outputs),

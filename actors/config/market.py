@@ -77,7 +77,8 @@ MARKET_SECTIONS = {
     }
     | BUDGET_PRIVACY_KEYS,
     "sketch": {"rows", "width", "bandwidth"},
-    "summary": {f.name for f in dataclasses.fields(CuratorParams)}
+    "summary": {"mechanism"}
+    | {f.name for f in dataclasses.fields(CuratorParams)}
     - {"p", "gamma", "h1_seed", "phase_timeout", "max_lost", "known_colluders", "center", "scale"},
     "faults": {"kill", "slow", "colluders", "kill_curator_at", "kill_compute"},
 }

@@ -4,7 +4,8 @@ One row per (dataset, mechanism, p, max_points): gap closed between uniform samp
 greedy (MMD^2 to the test set, seed means), LinearSVC accuracy, the worst epsilon of the owners
 and of the validation set (PLD at delta, every event counted), and the distinct points the
 curator received. ``random-select`` is the baseline: ``max_points`` points bought uniformly at
-random (about equally from every owner), then the same exact final selection of p against D_v.
+random (owners in proportion to their size, through the market's own parties:
+protocol/summary/random_select.py), then the same exact final selection of p against D_v.
 ``gap_closed`` is on the seed-mean MMD^2; ``gap_closed_sd`` is the spread over seeds of each
 seed's own gap (against that seed's uniform and greedy).
 benchmarks/parsimony.py prints and plots the rows.
@@ -30,6 +31,7 @@ from dpmarket.actors.randomness import NoiseSource, public_generator
 from dpmarket.protocol.summary.allocate import plan_allocation
 from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.protocol.summary.objective import greedy_exact, uniform_sample
+from dpmarket.protocol.summary.random_select import plan_random_select
 from dpmarket.streams.synthetic import Scenario
 
 __all__ = [
@@ -80,6 +82,9 @@ def parsimony_params(
         rule = "mixture" if mechanism == "allocate-mixture-select" else "histogram"
         plan = plan_allocation(budget[0], budget[2], p, max_points, rule)
         return dataclasses.replace(base, **(plan | dict(overrides or {})))
+    if mechanism == "random-select":
+        base = mechanism_params("herding-select", dataset, p, scenario, seed, budget)
+        return dataclasses.replace(base, **plan_random_select(p, max_points))
     base = mechanism_params(mechanism, dataset, p, scenario, seed, budget)
     return dataclasses.replace(base, max_points=max_points)
 
@@ -116,18 +121,6 @@ def evaluate_parsimony(
                     budgets[(factor, p)] = cap
                     for mech in mechanisms:
                         scores = cells.setdefault((mech, p, cap), MechanismScores())
-                        if mech == "random-select":
-                            bought = uniform_sample(owner_of, cap, public_generator([seed, p, 3]))
-                            kept = bought[
-                                greedy_exact(X[bought], scenario.validation, p, scenario.gamma)
-                            ]
-                            score_mechanism(scores, X[kept], y[kept], scenario)
-                            scores.accessed.append(len(bought))
-                            # no release to any owner: the purchase is public randomness and the
-                            # selection goes to the consumer only (as in the -select mechanisms)
-                            scores.eps_owner.append(0.0)
-                            scores.eps_validation.append(0.0)
-                            continue
                         params = parsimony_params(
                             mech, dataset, p, scenario, seed, budget, cap, overrides
                         )

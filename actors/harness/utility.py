@@ -8,6 +8,7 @@ it (actors/commands/evaluate.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from dpmarket.actors.randomness import NoiseSource, public_generator
 from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.protocol.summary.objective import greedy_exact, mmd2, uniform_sample
 from dpmarket.protocol.summary.plan import EXPLORE_SHARE, ReleasePlan, plan_releases
+from dpmarket.protocol.summary.random_select import plan_random_select
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
 __all__ = [
@@ -43,14 +45,15 @@ __all__ = [
 DATASETS = ("synthetic", "digits")
 MECHANISMS = (
     "paper", "gaussian", "tree", "herding", "herding-pure", "herding-select",
-    "herding-pure-select",
+    "herding-pure-select", "random-select",
 )  # fmt: skip
 """Private mechanisms compared: the paper's Table 1 (MWEM h2, paper auction) and, planned to the
 budgets by :func:`~dpmarket.protocol.summary.plan.plan_releases`, the Gaussian validation release
 with per-epoch Gaussian / tree-aggregated / herding summary releases (auction: every bidder asked,
-tau = 1), herding with the calibrated pure auction (parsimonious), and "-select": exploration
+tau = 1), herding with the calibrated pure auction (parsimonious), "-select": exploration
 epochs plus the curator's exact final selection over every purchased point
-(protocol/summary/selection.py)."""
+(protocol/summary/selection.py), and random-select: ceil(1.5 p) points bought uniformly at
+random, then the same selection (protocol/summary/random_select.py; no release)."""
 
 CANDIDATE_DOMAINS: dict[str, tuple[str, float, float]] = {
     "synthetic": ("gaussian", 0.0, 1.0),  # features standardised by a public map
@@ -145,6 +148,9 @@ def mechanism_params(
         return paper_params(p, scenario.gamma, seed, len(scenario.owners), delta)
     if mechanism not in MECHANISMS:
         raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+    if mechanism == "random-select":
+        base = mechanism_params("herding-select", dataset, p, scenario, seed, budget)
+        return dataclasses.replace(base, **plan_random_select(p))
     summary, *options = mechanism.split("-")
     return recommended_params(
         p, scenario, seed, eps_owner, eps_validation, delta, summary,
@@ -173,9 +179,15 @@ def _run_mechanism(
     scenario: Scenario,
     params: CuratorParams,
     delta: float,
-    rng: np.random.Generator,
+    noise: NoiseSource,
+    label: str,
 ) -> None:
-    res = run_inprocess(scenario, params, rng).result
+    """One in-process run of ``params``; the curator's and the owners' generators from
+    ``noise`` under ``label`` (every coin of the mechanism is a party's own)."""
+    run = run_inprocess(
+        scenario, params, noise.generator(label), owner_noise=noise, noise_label=label
+    )
+    res = run.result
     if res.points is None or len(res.points) == 0:
         raise ValueError(f"the private run returned no points ({res.reason})")
     score_mechanism(scores, res.points, res.labels, scenario)
@@ -226,18 +238,21 @@ def evaluate_utility(
                         mech, dataset, p, scenario, seed, budget, explore_share
                     )
                     scores = cells.setdefault((mech, p), MechanismScores())
-                    rng = noise.generator(f"utility:{dataset}:{mech}:{seed}:{p}")
-                    _run_mechanism(scores, scenario, params, budget[2], rng)
-                    if params.final_selection == "exact":  # same purchase, bought at random
-                        size = min(int(scores.accessed[-1]), len(X))
-                        bought = uniform_sample(owner_of, size, public_generator([seed, p, 3]))
-                        kept = bought[
-                            greedy_exact(X[bought], scenario.validation, p, scenario.gamma)
-                        ]
+                    label = f"utility:{dataset}:{mech}:{seed}:{p}"
+                    _run_mechanism(scores, scenario, params, budget[2], noise, label)
+                    if params.final_selection == "exact" and not params.random_purchase:
+                        # the same purchase size, bought by random-select
+                        size = max(p, min(int(scores.accessed[-1]), len(X)))
+                        same = dataclasses.replace(
+                            mechanism_params("random-select", dataset, p, scenario, seed, budget),
+                            **plan_random_select(p, size),
+                        )
                         baseline = cells.setdefault(
                             (f"{mech}|uniform-select", p), MechanismScores()
                         )
-                        score_mechanism(baseline, X[kept], y[kept], scenario)
+                        _run_mechanism(
+                            baseline, scenario, same, budget[2], noise, f"{label}:random"
+                        )
         rows += [_row(dataset, mech, p, cells, budget[2]) for mech in mechanisms for p in p_values]
     return rows
 

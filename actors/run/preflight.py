@@ -8,6 +8,7 @@ the pure checks of protocol/summary/snr.py. Nothing here is released or charged;
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from dpmarket.protocol.summary.snr import (
     normalise_check,
     owners_check,
     owners_total,
+    recommend_mechanism,
     scan_check,
     scan_sigma,
     sketch_sensitivity,
@@ -44,6 +46,9 @@ class RunPlan:
     checks: tuple[ReleaseCheck, ...]
     unbounded: str | None  # why an owner's epsilon has no finite bound, if it has none
     warnings: tuple[str, ...] = field(default=())
+    # the mechanism the plan expects to do best and why (protocol/summary/snr.py
+    # recommend_mechanism), beside the one configured (params.mechanism)
+    recommendation: tuple[str, str] = ("", "")
 
     @property
     def weak(self) -> tuple[ReleaseCheck, ...]:
@@ -129,6 +134,14 @@ def plan_run(
                 f"noise {check.noise:.3g} (SNR {check.snr:.2f}; {check.what}), costing "
                 f"eps {check.epsilon:.3g} at delta {check.delta:g} to {check.protects}"
             )
-    return RunPlan(
-        params, m, records, tuple(checks), unbounded_reason(params, delta), tuple(warnings)
+    # judged for the steered mechanisms' g_tilde, even when the configured one releases none
+    steered = (
+        dataclasses.replace(params, random_purchase=False) if params.random_purchase else params
     )
+    recommendation = recommend_mechanism(
+        steered, validation_check(steered, m, delta), config.owners
+    )
+    return RunPlan(
+        params, m, records, tuple(checks), unbounded_reason(params, delta), tuple(warnings),
+        recommendation,
+    )  # fmt: skip

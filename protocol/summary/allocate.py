@@ -15,7 +15,10 @@ enforces the budget):
    ``sum_i w_i mu_i`` closest to g_tilde in the frame (non-negative least squares,
    :func:`mixing_weights`), averaged over re-noised copies of the releases
    (:func:`smoothed_weights`), and splits ``max_points`` into integer quotas in proportion to w,
-   none above ``n_i`` (:func:`quotas`).
+   none above ``n_i`` (:func:`quotas`). With ``allocation_floor`` f > 0, a share f of the
+   weights goes to the owners in proportion to their counts n_i first (:func:`floored_weights`):
+   an owner whose noisy release hides the records the consumer wants keeps about f n_i / N of
+   the budget and herds its best points toward g_tilde (issue 30, the wine failure).
 3. *Local herding*: in every later epoch the curator sends owner i (and only owner i) the exact
    mean of h1 over the points owner i has delivered so far and their count q_i; owner i bids by
    the usual rule ``h1(x) . (g_tilde - q_i/(q_i+1) g_i)``, i.e. kernel herding of its own
@@ -35,7 +38,9 @@ refuses allocate-select with it):
   again and charges nothing new. The curator sees only this DP mean. The frame is built from
   public values only (g_tilde is a release; the seed set is public).
 * The quotas, and hence every later ask, are post-processing of the profiles and of g_tilde
-  (the re-noising draws are public randomness): no further charge to any party. No auction
+  (the re-noising draws are public randomness): no further charge to any party. The floor
+  (``allocation_floor``) is a function of the counts n_i, fixed under replace-one: it spends
+  nothing, so nothing is charged for it. No auction
   runs (nothing charged per epoch).
 * What owner i receives in a herding epoch (g_i, q_i, being asked) is a function of its own
   delivered points and of the quotas: nothing about another owner beyond the quotas
@@ -66,14 +71,17 @@ from dpmarket.protocol.summary.auction import TransferCounter
 from dpmarket.protocol.summary.messages import EpochBody
 from dpmarket.protocol.summary.params import CuratorParams
 from dpmarket.protocol.summary.plan import gaussian_noise_multiplier
+from dpmarket.protocol.summary.random_select import random_quotas
 from dpmarket.protocol.summary.releases import relation, validation_frame
 from dpmarket.protocol.summary.selection import PurchasedPool
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 
 __all__ = [
+    "ALLOCATION_FLOOR",
     "PROFILE_CLIP_QUANTILE",
     "AllocationCycle",
     "ProfileFrame",
+    "floored_weights",
     "mixing_weights",
     "owner_profile",
     "plan_allocation",
@@ -227,6 +235,25 @@ def smoothed_weights(
     return total
 
 
+def floored_weights(
+    weights: Mapping[str, float], records: Mapping[str, int], floor: float
+) -> dict[str, float]:
+    """``(1 - floor) w_i / sum w + floor n_i / sum n``: the share ``floor`` of the budget split in
+    proportion to the owners' record counts (public under replace-one), the rest by ``weights``
+    (normalised; all to the counts when every weight is zero). Keys of ``weights``."""
+    if not (math.isfinite(floor) and 0 <= floor <= 1):
+        raise ValueError(f"floor must be in [0, 1], got {floor!r}")
+    names = sorted(weights)
+    w = np.array([max(0.0, float(weights[o])) for o in names])
+    n = np.array([max(0, int(records.get(o, 0))) for o in names], dtype=np.float64)
+    if not n.sum() > 0:
+        return {o: float(v) for o, v in zip(names, w, strict=True)}
+    share = n / n.sum()
+    steer = w / w.sum() if w.sum() > 0 else share
+    out = (1.0 - floor) * steer + floor * share
+    return {o: float(v) for o, v in zip(names, out, strict=True)}
+
+
 def quotas(
     weights: Mapping[str, float], budget: int, caps: Mapping[str, int] | None = None
 ) -> dict[str, int]:
@@ -257,8 +284,18 @@ def quotas(
     return {o: int(k) for o, k in zip(names, out, strict=True)}
 
 
+ALLOCATION_FLOOR = 0.0
+"""Default ``allocation_floor`` of the plan: the share of ``max_points`` split by the owners'
+record counts before the histograms split the rest (benchmarks/utility_vs_random.py)."""
+
+
 def plan_allocation(
-    eps_owner: float, delta: float, p: int, max_points: int | None = None, rule: str = "histogram"
+    eps_owner: float,
+    delta: float,
+    p: int,
+    max_points: int | None = None,
+    rule: str = "histogram",
+    floor: float = ALLOCATION_FLOOR,
 ) -> dict[str, Any]:
     """CuratorParams overrides of allocate-select on top of a herding plan (plan.py); ``rule``
     "histogram" (allocate_rank.py, g_tilde centred on the seed mean) or "mixture".
@@ -266,7 +303,7 @@ def plan_allocation(
     The profile is the only owner event of the run, so its noise multiplier is the one that
     spends ``eps_owner`` at ``delta`` (analytic Gaussian, a 1e-4 margin for the PLD's
     round-off); ``max_points`` defaults to ``ceil(1.5 p)``, and the epoch limit lets one owner
-    deliver the whole budget.
+    deliver the whole budget; ``floor`` is ``allocation_floor`` (:func:`floored_weights`).
     """
     budget = math.ceil(1.5 * p) if max_points is None else int(max_points)
     if budget < p:
@@ -277,6 +314,7 @@ def plan_allocation(
         "validation_center": "seed" if rule == "histogram" else "origin",
         "allocation_sigma": gaussian_noise_multiplier(eps_owner * (1.0 - 1e-4), delta),
         "max_points": budget,
+        "allocation_floor": floor,
         "final_selection": "exact",
         "explore_share": 0.0,
         "max_epochs": budget + 10,  # one owner may hold the whole budget, one point per epoch
@@ -298,6 +336,7 @@ class AllocationCycle:
     profiles: dict[str, F64]
     records: dict[str, int]
     quotas: dict[str, int] | None
+    _rng: np.random.Generator
 
     def _frame(self) -> ProfileFrame:
         """The public profile frame (:func:`profile_frame`), recomputed from public values."""
@@ -312,11 +351,25 @@ class AllocationCycle:
         """Epoch 1 of an allocate run collects the owners' DP profiles."""
         return self.params.allocate and number == 1
 
+    def _counting(self, number: int) -> bool:
+        """Epoch 1 of a random-select run collects the owners' record counts
+        (protocol/summary/random_select.py)."""
+        return self.params.random_purchase and number == 1
+
+    def _take_count(self, owner: str, records: int) -> None:
+        """Keep ``owner``'s record count (the first one received counts)."""
+        self.records.setdefault(owner, int(records))
+
     def _epoch_body(
         self, owner: str, number: int, g_summary: F64, q: int, explore: bool
     ) -> EpochBody:
         """What ``owner`` receives when epoch ``number`` opens (or is re-sent on resume)."""
         p = self.params
+        if p.random_purchase:  # random_select.py: count, then uniform draws by the owners
+            if number == 1:
+                return EpochBody(np.zeros(p.d), 0, count=True)
+            g, q_own = self._own_direction(owner, number)
+            return EpochBody(g, q_own, explore=True)
         if not p.allocate:
             return EpochBody(g_summary, q, explore=explore)
         if number == 1 and p.allocation_rule == "histogram":  # allocate_rank.py
@@ -360,6 +413,11 @@ class AllocationCycle:
         if self.quotas is not None:
             return
         p = self.params
+        budget = p.max_points if p.max_points is not None else math.ceil(1.5 * p.p)  # checked
+        if p.random_purchase:  # random_select.py: the curator's coins, no release, no charge
+            counts = {o: self.records.get(o, 0) for o in self.owners}
+            self.quotas = random_quotas(counts, budget, self._rng)
+            return
         histogram = p.allocation_rule == "histogram"
         label = (
             "allocation score histogram, sensitivity sqrt(2) (units)" if histogram
@@ -372,11 +430,12 @@ class AllocationCycle:
                 label=label,
                 neighbouring=relation(p),  # replace-one: allocate-select refuses add_remove
             )
-        budget = p.max_points if p.max_points is not None else math.ceil(1.5 * p.p)  # checked
         if histogram:
             weights = histogram_weights(self.profiles, self.records, budget)
             for owner in self.owners:  # an owner without a histogram gets no quota
                 weights.setdefault(owner, 0.0)
+            if p.allocation_floor > 0:  # the counts' share (public n_i): no charge
+                weights = floored_weights(weights, self.records, p.allocation_floor)
             self.quotas = quotas(weights, budget, {o: self.records.get(o, 0) for o in self.owners})
             return
         frame = self._frame()
@@ -393,6 +452,8 @@ class AllocationCycle:
         )
         for owner in self.owners:  # an owner without a profile gets no quota
             weights.setdefault(owner, 0.0)
+        if p.allocation_floor > 0:
+            weights = floored_weights(weights, self.records, p.allocation_floor)
         caps = {o: self.records.get(o, 0) for o in self.owners}
         self.quotas = quotas(weights, budget, caps)
 

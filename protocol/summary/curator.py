@@ -116,6 +116,7 @@ class Curator(EpochCycle):
             ("bidding", "summary.pass"): self._on_pass,
             ("asking", "summary.deliver"): self._on_deliver,
             ("bidding", "summary.profile"): self._on_profile,
+            ("bidding", "summary.count"): self._on_count,
         }
 
     def _hash_inputs(self) -> None:
@@ -174,13 +175,16 @@ class Curator(EpochCycle):
         # their events). The "mwem" channel warms h2 up on the public seed set here, free of
         # privacy cost.
         seed = (self._H_seed,) if p.validation_center == "seed" else ()  # the public seed set
-        g_validation = release_validation(
-            self._H_validation, p, self.ledgers["validation"], self._rng, *seed
-        )
+        if p.random_purchase:  # random_select.py: nothing released; a public zero in its place
+            g_validation = np.zeros(p.d)
+        else:
+            g_validation = release_validation(
+                self._H_validation, p, self.ledgers["validation"], self._rng, *seed
+            )
+            self._summary_channel = make_summary_channel(
+                p, self.h1, self._h2, self._H_seed, g_validation, self._rng
+            )
         self._g_validation = g_validation
-        self._summary_channel = make_summary_channel(
-            p, self.h1, self._h2, self._H_seed, g_validation, self._rng
-        )
         out = [self._out.make(o, 0, setup) for o in self.owners]
         out += [self._out.make(o, 0, ValidationBody(g_validation)) for o in self.owners]
         return out + self._open_epoch(np.zeros(p.d))

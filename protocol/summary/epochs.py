@@ -9,8 +9,9 @@ Privacy (what this cycle charges): one auction step per steering epoch to every 
 (exploration epochs run no auction and charge nothing), and every event of the summary
 channel's release after a point joins the summary. Under allocate-select (allocate.py) the
 profile epoch charges each owner its profile once, and the allocation epochs run no auction
-and charge nothing. ``max_points`` caps the distinct points received: asks past it are cut in
-a public owner order (post-processing of the ask set), and the run ends when it is reached.
+and charge nothing; random-select (random_select.py) charges nothing at all. ``max_points``
+caps the distinct points received: asks past it are cut in a public owner order
+(post-processing of the ask set), and the run ends when it is reached.
 Verification compares the delivered point's bid with the claimed one; a rejection's recorded
 reason carries no value of the point.
 """
@@ -34,6 +35,7 @@ from dpmarket.protocol.summary.h2 import MwemHash
 from dpmarket.protocol.summary.messages import (
     AskBody,
     BidBody,
+    CountBody,
     DeliverBody,
     EpochBody,
     FinishBody,
@@ -158,9 +160,20 @@ class EpochCycle(AllocationCycle):
         self.epoch.passed.add(msg.sender)
         return self._close_bidding() if not self._waiting() else []
 
+    def _on_count(self, msg: Message) -> list[Message]:
+        body = body_of(msg, CountBody)
+        if not self._counting(self.epoch.number):
+            raise RemoteProtocolError("summary.count: this epoch asks for bids, not a count")
+        if msg.sender in self.epoch.passed:
+            raise RemoteProtocolError(f"summary.count: {msg.sender} already answered")
+        self._take_count(msg.sender, body.records)
+        self.epoch.passed.add(msg.sender)
+        return self._close_bidding() if not self._waiting() else []
+
     def _close_bidding(self) -> list[Message]:
         ep, p = self.epoch, self.params
-        if self._profiling(ep.number):  # allocate.py: charge the profiles, fix the quotas
+        if self._profiling(ep.number) or self._counting(ep.number):
+            # allocate.py: charge the profiles, fix the quotas; random_select.py: draw them
             self._allocate()
             self.checkpoint_due = True
             return self._open_epoch(ep.g_summary)

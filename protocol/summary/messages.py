@@ -26,6 +26,7 @@ from dpmarket.protocol.wire.codec import Body, register
 __all__ = [
     "AskBody",
     "BidBody",
+    "CountBody",
     "DeliverBody",
     "EpochBody",
     "FinishBody",
@@ -80,7 +81,9 @@ class EpochBody(Body):
     (k x d, row-major) clipped to norm ``profile_clip``, with that noise multiplier
     (protocol/summary/allocate.py). ``profile_edges`` (added later, optional): release instead
     the DP histogram of ``profile_basis . (h1(x) - profile_center)`` (1 x d) over these bin
-    edges (protocol/summary/allocate_rank.py)."""
+    edges (protocol/summary/allocate_rank.py). ``count`` (added later, optional): instead of
+    bidding, send the number of records the owner holds (random-select's first epoch,
+    protocol/summary/random_select.py; public under replace-one neighbours)."""
 
     g_summary: Reals
     summary_size: Count
@@ -90,6 +93,7 @@ class EpochBody(Body):
     profile_basis: Reals | None = None
     profile_center: Reals | None = None
     profile_edges: Reals | None = None
+    count: bool = False
 
 
 @register("summary.profile")
@@ -100,6 +104,15 @@ class ProfileBody(Body):
     under replace-one neighbours)."""
 
     mean: Reals
+    records: Count = 0
+
+
+@register("summary.count")
+@dataclass(frozen=True, slots=True)
+class CountBody(Body):
+    """Owner -> curator: the number of records it may sell (random-select,
+    protocol/summary/random_select.py); fixed under replace-one neighbours, so no release."""
+
     records: Count = 0
 
 

@@ -34,7 +34,8 @@ after ``max_epochs`` steering epochs (plus any exploration epochs) in any case.
 Transition tables
 -----------------
 Owner:   (any, setup) -> awaiting_validation; (awaiting_validation, validation) -> idle;
-         (idle | bidding, epoch) -> bidding [sends bid or pass]; (bidding, ask) -> bidding
+         (idle | bidding, epoch) -> bidding [sends bid, pass, profile or count];
+         (bidding, ask) -> bidding
          [sends deliver]; (any but new, finish) -> finished.
 Curator: (bidding, bid | pass) -> bidding / asking; (asking, deliver) -> asking / bidding / done;
          late frames of an earlier epoch are counted and ignored.
@@ -55,6 +56,7 @@ from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.messages import (
     AskBody,
     BidBody,
+    CountBody,
     DeliverBody,
     EpochBody,
     PassBody,
@@ -259,6 +261,10 @@ class Owner:
         assert self._setup is not None
         if body.profile_sigma > 0:
             return [self._out.make(msg.sender, msg.round, self._release_profile(body))]
+        if body.count:  # random-select (random_select.py): n_i, fixed under replace-one
+            self._bids = {}
+            sellable = int((~self._retired_tokens()).sum())
+            return [self._out.make(msg.sender, msg.round, CountBody(sellable))]
         biddable = (self._deliveries < self._setup.max_deliveries) & ~self._retired_tokens()
         if self._at_point_limit():  # its own limit: only points already delivered stay
             biddable &= self._deliveries > 0

@@ -22,6 +22,7 @@ from dpmarket.protocol.wire.checks import MAX_ARRAY_BYTES
 __all__ = [
     "ALLOCATION_RULES",
     "CANDIDATE_DISTRIBUTIONS",
+    "MARKET_MECHANISMS",
     "MAX_D",
     "SUMMARY_RELEASES",
     "VALIDATION_CENTERS",
@@ -35,6 +36,13 @@ SUMMARY_RELEASES = ("mwem", "gaussian", "tree", "herding")
 CANDIDATE_DISTRIBUTIONS = ("gaussian", "uniform")
 ALLOCATION_RULES = ("mixture", "histogram")
 VALIDATION_CENTERS = ("origin", "seed")
+MARKET_MECHANISMS = ("herding-select", "allocate-select", "random-select")
+"""The purchase mechanisms a market config names (``[summary].mechanism``, actors/config/
+inputs.py): herding-select (steered epochs with exploration, then the exact selection; the
+default without ``max_points``), allocate-select (``allocate``: owners' DP score histograms split
+``max_points``, protocol/summary/allocate.py) and random-select (``random_purchase``:
+``max_points`` points bought uniformly at random, protocol/summary/random_select.py); the last
+two keep the curator's exact final selection of p (protocol/summary/selection.py)."""
 
 
 # The largest d: g_tilde, g_l and a hashed point are d-vectors of float64 in one frame.
@@ -68,6 +76,8 @@ _FIELD_CHECKS: dict[str, _Spec] = {
     "eta": ("real", 0, 2, True, True),
     "warm_start": ("bool", 0, 0, False, False),
     "allocate": ("bool", 0, 0, False, False),
+    "random_purchase": ("bool", 0, 0, False, False),
+    "allocation_floor": ("real", 0, 1, False, False),
     "eps_auction": ("real", 0, _INF, True, False),
     "auction_variant": (("paper", "pure"), 0, 0, False, False),
     "tau": ("int", 1, _INF, False, False),
@@ -108,6 +118,8 @@ _RELATIONS = {
     "allocate": "allocate-select (allocate = true, or max_points without allocate = false) needs "
     "max_points, final_selection = 'exact' and explore_share = 0 (allocate = false keeps "
     "herding-select under max_points)",
+    "random_purchase": "random-select (random_purchase = true) needs max_points, "
+    "final_selection = 'exact', explore_share = 0 and allocate = false",
     "scale": "center and scale must be given together, scale > 0",
     "neighbouring": "'add_remove' refused with {self._exact_counts}: each sends an owner's exact "
     "record count n_i to the curator, an unbounded release under add/remove of one record; "
@@ -211,6 +223,14 @@ class CuratorParams:
     # "histogram": the score direction's ridge, a multiple of the public seed covariance's mean
     # eigenvalue (allocate_rank.py; 0: the raw direction from the seed mean to g_tilde)
     allocation_ridge: float = 0.5
+    # The share of max_points split in proportion to the owners' record counts n_i (public under
+    # replace-one, sent with the histograms) before the histograms split the rest: no owner is
+    # starved by a noisy histogram (issue 30, the wine failure); post-processing, no charge.
+    allocation_floor: float = 0.0
+    # random-select (protocol/summary/random_select.py): max_points points bought uniformly at
+    # random from the pool (owners in proportion to n_i), then the exact final selection; no
+    # release to any owner and no validation release.
+    random_purchase: bool = False
     # g_tilde around the origin (clip clip_norm) or around the public seed mean, clipped at
     # the seed set's spread (releases.py)
     validation_center: str = "origin"
@@ -238,6 +258,13 @@ class CuratorParams:
                 self.max_points is not None
                 and self.final_selection == "exact"
                 and self.explore_share == 0
+            ),
+            "random_purchase": not self.random_purchase
+            or (
+                self.max_points is not None
+                and self.final_selection == "exact"
+                and self.explore_share == 0
+                and not self.allocate
             ),
             "scale": (self.center is None) == (self.scale is None)
             and (self.scale is None or min(self.scale, default=1.0) > 0),
@@ -283,9 +310,23 @@ class CuratorParams:
             found.append(
                 "allocate-select (allocate = true, or max_points without allocate = false)"
             )
+        if self.random_purchase:
+            found.append("random-select (random_purchase = true)")
         if self.explore_share > 0:
             found.append(f"exploration (explore_share = {self.explore_share:g})")
         return " and ".join(found)
+
+    @property
+    def mechanism(self) -> str:
+        """The purchase mechanism's name (:data:`MARKET_MECHANISMS`, or "herding"/"paper" ...:
+        the summary release without the final selection)."""
+        if self.random_purchase:
+            return "random-select"
+        if self.allocate:
+            return "allocate-select"
+        if self.final_selection == "exact":
+            return f"{self.summary_release}-select"
+        return self.summary_release
 
     @property
     def profile_floor(self) -> float | None:

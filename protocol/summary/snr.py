@@ -24,6 +24,7 @@ from dpmarket.protocol.summary.params import CuratorParams
 
 __all__ = [
     "STANDARDIZE_MIN_SNR",
+    "STEER_MAX_FACTOR",
     "VALIDATION_SIGNAL",
     "ReleaseCheck",
     "moments_sensitivity",
@@ -32,6 +33,7 @@ __all__ = [
     "owners_total",
     "planned_owner_ledger",
     "planned_validation_ledger",
+    "recommend_mechanism",
     "scan_check",
     "scan_sigma",
     "sketch_sensitivity",
@@ -133,6 +135,8 @@ def planned_validation_ledger(params: CuratorParams) -> PrivacyLedger:
     g_tilde (Gaussian on the clipped sum, or MWEM's exponential and Laplace steps), under the
     run's relation (``params.neighbouring``)."""
     ledger = PrivacyLedger("validation")
+    if params.random_purchase:  # random_select.py: no g_tilde is released
+        return ledger
     s, relation = params.sensitivity, record_relation(params.neighbouring)
     if params.validation_release == "gaussian":
         delta_l2 = params.clip_norm * s
@@ -154,6 +158,9 @@ def validation_check(params: CuratorParams, m: int, delta: float) -> ReleaseChec
     if m < 1:
         raise ValueError(f"m must be >= 1, got {m}")
     ledger = planned_validation_ledger(params)
+    if params.random_purchase:
+        what = f"none: random-select reads D_v only in the consumer's final selection (m = {m})"
+        return ReleaseCheck("validation", "validation", None, None, 0.0, delta, what)
     if params.validation_release == "gaussian":
         sigma = params.validation_sigma * params.clip_norm * params.sensitivity
         noise: float | None = sigma * math.sqrt(params.d) / m
@@ -207,6 +214,8 @@ def planned_owner_ledger(params: CuratorParams) -> PrivacyLedger:
     relation (``params.neighbouring``): the owner's store is charged these events before the
     summary phase (actors/run/budgets.py), beside the secure sums' under the same relation."""
     ledger = PrivacyLedger("owner")
+    if params.random_purchase:  # random_select.py: no auction, no summary or profile release
+        return ledger
     relation = record_relation(params.neighbouring)
     if params.allocate:  # allocate-select's profile (allocate.py): sensitivity 1 in its units
         ledger.gaussian(params.allocation_sigma, 1.0, neighbouring=relation)
@@ -233,6 +242,11 @@ def owners_check(params: CuratorParams, delta: float) -> ReleaseCheck:
         f"auction {params.auction_variant} x {params.epoch_limit} steps, "
         f"summary release {params.summary_release}"
     )
+    if params.random_purchase:
+        what = (
+            f"none: random-select buys {params.max_points} points uniformly at random; owners "
+            "pay the delivered points only"
+        )
     return ReleaseCheck("auction + summary", "each owner", None, None, epsilon, delta, what)
 
 
@@ -267,6 +281,49 @@ def unbounded_reason(params: CuratorParams, delta: float) -> str | None:
             f"{step:.3g})-DP, so no owner has a finite epsilon at delta {delta:g}"
         )
     return f"the planned owner ledger has no finite epsilon at delta {delta:g}"
+
+
+STEER_MAX_FACTOR = 3.0
+"""At ``max_points >= STEER_MAX_FACTOR p`` a random purchase followed by the exact selection
+already holds most of what the consumer wants (issue 30's report: 0.95-1.03 of the gap at
+3-5 p; benchmarks/RESULTS.md "utility_vs_random": at 3 p random-select closes 0.55-0.99, and
+allocate-select's lead shrinks to +0.1 to +0.3 where the target is rare), so random-select,
+which releases nothing, is recommended there: a judgement of privacy against a small gain."""
+
+
+def recommend_mechanism(
+    params: CuratorParams, validation: ReleaseCheck, owners: int
+) -> tuple[str, str]:
+    """The mechanism the plan expects to do best, and why, from public numbers only: p,
+    ``max_points`` (unbounded: herding-select accesses about (K + 1) p points), and the SNR of
+    g_tilde, the release every steered mechanism aims with (:func:`validation_check`).
+
+    The rule (issue 30): steering can only help if what it steers by carries signal, and only
+    when the budget is tight. So random-select when g_tilde's SNR is below 1 (the direction is
+    mostly noise, so a steered purchase is a noisy random one that also spends the owners'
+    budget), or when the budget reaches :data:`STEER_MAX_FACTOR` p (a random purchase that size
+    already contains what the exact selection needs); allocate-select otherwise (a tight budget
+    and a release with signal: its histograms find the owners that hold the consumer's records,
+    including a rare target). MWEM's g_tilde has no simple SNR: judged by the budget alone.
+    """
+    budget = params.max_points if params.max_points is not None else (owners + 1) * params.p
+    factor = budget / params.p
+    snr = validation.snr
+    if snr is not None and snr < 1.0:
+        return "random-select", (
+            f"g_tilde's SNR is {snr:.2f} < 1 (too few validation points for its noise): a "
+            "steered purchase aims with noise; random-select releases nothing"
+        )
+    if factor >= STEER_MAX_FACTOR:
+        return "random-select", (
+            f"a budget of {budget} points = {factor:.1f} p >= {STEER_MAX_FACTOR:g} p: a random "
+            "purchase that large already holds what the exact selection needs, at no privacy cost"
+        )
+    why = "g_tilde carries signal" if snr is not None else "(MWEM g_tilde: SNR not computed)"
+    return "allocate-select", (
+        f"a tight budget ({budget} points = {factor:.1f} p) and {why}: the owners' DP "
+        "histograms place the budget where the consumer's records are"
+    )
 
 
 def standardisation_verdict(count: float, sigma: float) -> tuple[bool, str]:

@@ -1,0 +1,87 @@
+"""random-select (issue 30): buy ``max_points`` points uniformly at random, then select p.
+
+The honest baseline of every steered mechanism, and a mechanism of its own: a purchase that
+reads nothing of the owners' data to decide what to buy, followed by the curator's exact final
+selection of p points against the consumer's validation set D_v (protocol/summary/selection.py).
+
+Theory of operation (``CuratorParams.random_purchase``)
+------------------------------------------------------
+1. *Count epoch* (epoch 1, ``EpochBody.count``): every owner answers with its number of
+   sellable records n_i (``CountBody``). No g_tilde is released: owners receive a zero vector
+   in its place (a public constant).
+2. *Quotas*, once (:func:`random_quotas`): the curator draws how many of the ``max_points``
+   points each owner sells from the multivariate hypergeometric distribution over the n_i,
+   with its own generator (the mechanism's coins). Together with step 3 that is a uniformly
+   random subset of ``max_points`` records of the pooled data: owners are sampled in
+   proportion to their size.
+3. *Random epochs*: every owner with quota left bids a record drawn uniformly, under its own
+   secret key, from the records it has not yet delivered (``max_deliveries = 1`` withdraws a
+   delivered record; protocol/summary/owner.py ``_exploration_draw``), and is asked for it. The
+   bid is scored against the owner's own delivered points only (the curator verifies the
+   delivery against it, as in allocate-select). The run ends when every quota is delivered.
+4. *Final selection*: exact greedy of p among the purchased points against D_v.
+
+Privacy (what the ledger charges: nothing, to any party):
+* The counts n_i are fixed under the run's relation (replace one record; allocate-select sends
+  them too, and CuratorParams refuses random-select under add/remove, where they would be an
+  unbounded release).
+* The quotas are a function of the public counts and the curator's coins; which record an owner
+  delivers is a function of its own secret key and of its own deliveries: nothing any owner
+  receives depends on another owner's records, so no release to an owner is made beyond what
+  every run sends (setup, the finish). No auction runs, no summary release is made.
+* The validation set: no g_tilde is released; the final selection reads D_v exactly and goes to
+  the consumer only (selection.py), so the validation ledger is empty too.
+* What owners do pay is the purchase itself: ``max_points`` of their records are delivered to
+  the trusted curator in the clear (as in every mechanism; the budget bounds how many). The
+  secure sums a market run makes before the summary (normalise, scan: actors/run/phases.py)
+  are charged as in every run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["plan_random_select", "random_quotas"]
+
+
+def random_quotas(
+    records: Mapping[str, int], budget: int, rng: np.random.Generator
+) -> dict[str, int]:
+    """How many of ``budget`` points each owner sells: one multivariate hypergeometric draw
+    over the owners' record counts (``min(budget, sum n_i)`` in all), so that a uniform draw
+    inside each owner makes a uniformly random subset of the pooled records. ``rng``: the
+    curator's own generator (its coins). Keys sorted; an owner with no records gets 0."""
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    names = sorted(records)
+    counts = np.array([max(0, int(records[o])) for o in names], dtype=np.int64)
+    if not names:
+        return {}
+    total = int(min(budget, int(counts.sum())))
+    if total == 0:
+        return dict.fromkeys(names, 0)
+    drawn = rng.multivariate_hypergeometric(counts, total)
+    return {o: int(k) for o, k in zip(names, drawn, strict=True)}
+
+
+def plan_random_select(p: int, max_points: int | None = None) -> dict[str, Any]:
+    """CuratorParams overrides of random-select: ``max_points`` (default ``ceil(1.5 p)``,
+    allocate-select's default budget), the exact final selection, one delivery per record (so
+    the owners' draws are without replacement), and an epoch limit that lets one owner deliver
+    the whole budget one point per epoch."""
+    budget = math.ceil(1.5 * p) if max_points is None else int(max_points)
+    if budget < p:
+        raise ValueError(f"max_points must be >= p = {p}, got {budget}")
+    return {
+        "random_purchase": True,
+        "allocate": False,
+        "max_points": budget,
+        "final_selection": "exact",
+        "explore_share": 0.0,
+        "max_deliveries": 1,
+        "max_epochs": budget + 10,
+    }
