@@ -357,6 +357,8 @@ def _read_thread(
     try:
         asyncio.run(pump())
     except Exception as exc:  # a message instead of a batch: reported by ingest_status
+        if owner_loop.is_closed():
+            return  # the owner's process is ending (an agent's loop closed): nobody to tell
         owner_loop.call_soon_threadsafe(queue.put_nowait, f"tailer {tailer.path}: {exc!r}")
 
 

@@ -12,7 +12,10 @@ A broken connection (market not up yet, connection cut, keepalive unanswered) is
 exponential backoff and jitter (``backoff`` seconds doubling up to ``max_backoff``), for at
 most ``give_up`` seconds without a connection; a refusal of who the agent is (its certificate
 or name refused by the market, or the market's certificate refused by the agent) is not retried:
-a configuration error is not fixed by waiting. Exit codes (:func:`serve`): 0 the market
+a configuration error is not fixed by waiting. (A market that refuses the agent's certificate
+at the TLS layer just closes the socket, which a cut connection does too: the agent says what
+it probably means and keeps trying until ``give_up``; the market's gRPC logs the failed
+handshake with ``GRPC_VERBOSITY=INFO``.) Exit codes (:func:`serve`): 0 the market
 finished, 2 refused identity or configuration, 3 the market stopped short (refused by
 T-tolerance: the owner comes back for a resume), 1 gave up waiting.
 """
@@ -47,6 +50,11 @@ IDENTITY_CODES = (
 )
 TLS_REFUSALS = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "Handshake failed",
                 "handshake failed", "SSL_ERROR")  # fmt: skip
+
+
+# a TLS 1.3 server that refuses the client's certificate closes the connection after the
+# client's side of the handshake is done: the agent sees the socket closed, not a refusal
+CLOSED_EARLY = ("Socket closed", "Connection reset")
 
 
 class Declined(Exception):
@@ -143,6 +151,12 @@ async def _session(
                     f"is not signed by the CA this agent trusts ({details})",
                 )
                 return EXIT_REFUSED
+            if not admitted and any(marker in details for marker in CLOSED_EARLY):
+                return admitted, (
+                    f"{exc.code().name}: {details}; the market closed the connection before "
+                    "admitting this agent: if this repeats, the market does not accept this "
+                    "agent's certificate (not signed by the CA the market trusts for agents)"
+                )
             return admitted, f"{exc.code().name}: {details}"
 
 

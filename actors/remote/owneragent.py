@@ -204,6 +204,14 @@ class OwnerAgent:
         _say(self.name, f"accepted purchase {run} (p = {params.p}, max {policy.max_points} points)")
         return {"accepted": True, "reasons": []}
 
+    def _attempt(self) -> Path:
+        """A fresh folder for this process's tailers (offsets, rejects): an agent started
+        again reads its files from the start, as a local owner actor of a new attempt does
+        (its store ties every position to its record, so a file rewritten is refused)."""
+        base = Path(self.config.state) / "ingest"
+        attempt = len(list(base.glob("attempt-*"))) if base.exists() else 0
+        return base / f"attempt-{attempt}"
+
     def _rounds_in_store(self, ledger_run: str) -> dict[str, int]:
         """Secure-sum rounds of ``ledger_run`` in the owner's store, by plan label."""
         labels = {v: k for k, v in ROUND_LABELS.items()}
@@ -266,7 +274,7 @@ class OwnerAgent:
             )  # fmt: skip
             headers = config.files if config.header else ()
             await self.host.start_ingest(
-                self.name, list(config.files), schema, config.state, headers=tuple(headers)
+                self.name, list(config.files), schema, str(self._attempt()), headers=tuple(headers)
             )
         else:
             await self.host.begin_request(
