@@ -18,7 +18,9 @@ from dpmarket.actors.commands.main import build_parser
 from dpmarket.actors.config.budgets import OWNER_BUDGET_KEYS
 from dpmarket.actors.config.market import MARKET_SECTIONS
 from dpmarket.actors.config.placement import PLACEMENT_KEYS
+from dpmarket.actors.config.remote import REMOTE_KEYS
 from dpmarket.actors.config.requests import REQUEST_KEYS
+from dpmarket.actors.remote.agentconfig import SECTIONS_NODE, SECTIONS_OWNER
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]
@@ -28,7 +30,14 @@ KNOWN_KEYS: dict[str, set[str]] = {
     "owners.NAME": set(OWNER_BUDGET_KEYS | PLACEMENT_KEYS),
     "consumer": set(OWNER_BUDGET_KEYS),
     "requests": set(REQUEST_KEYS),
+    "remote": set(REMOTE_KEYS),
+    "nodes": {"pins"},
 }
+# an agent's own configuration (actors/remote/agentconfig.py): a section both files have
+# ([market], [data]) accepts the keys of either
+for _sections in (SECTIONS_OWNER, SECTIONS_NODE):
+    for _name, _keys in _sections.items():
+        KNOWN_KEYS.setdefault(_name, set()).update(_keys or set())
 KEY = re.compile(r"\[\[?([a-z_]+(?:\.[A-Za-z_-]+)?)\]\]?\.([a-z_]+)")
 SET = re.compile(r"--set[ =]([a-z_]+)\.([a-z_]+)=")
 

@@ -4,7 +4,11 @@
 [--market-host HOST ...] [--days N]`` writes ``ca.crt`` and ``ca.key``, ``market.crt`` and
 ``market.key`` (valid for each ``--market-host``, default 127.0.0.1 and localhost), and
 ``NAME.crt`` and ``NAME.key`` for every owner and compute node, then ``fingerprints.toml``
-(party = "sha256:...", to paste into the market's config). Keys are created with mode 0600;
+(party = "sha256:...", to paste into the market's config). For a trial on one machine it
+also makes each compute node's X25519 key (``NAME.x25519``, what ``dpmarket node serve`` uses)
+and ``node-keys.toml`` (node = SHA-256 of its public key, what owners pin in ``[nodes]``); in
+production each node makes its own key on its machine and hands the line that
+``dpmarket node fingerprint NODE.toml`` prints to the owners. Keys are created with mode 0600;
 no existing file is ever overwritten (exit 2 naming it). The CA key is written beside the
 certificates it signed: fine for a trial on one machine, not for production, where operators
 bring their own PKI and each party keeps its own key (see actors/remote/tls.py).
@@ -16,6 +20,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from dpmarket.actors.config.checks import ConfigError
 from dpmarket.actors.remote.tls import MARKET, write_party_certs
 
 __all__ = ["add_certs_parser"]
@@ -25,6 +30,15 @@ DEFAULT_MARKET_HOSTS = ("127.0.0.1", "localhost")
 
 def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _node_key(path: Path) -> str:
+    from dpmarket.actors.remote.nodeagent import node_key
+    from dpmarket.protocol.securesum.sealing import key_fingerprint
+
+    if path.exists():  # never overwritten (write_party_certs refused the directory anyway)
+        raise ConfigError(f"{path}: already exists; refusing to overwrite it")
+    return key_fingerprint(node_key(str(path)).public_key().public_bytes_raw())
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -37,6 +51,19 @@ def _init(args: argparse.Namespace) -> int:
         print(f"{party}: {directory / (party + '.crt')}, key {directory / (party + '.key')}{where}")
         print(f"  {value}")
     print(f"fingerprints: {directory / 'fingerprints.toml'}")
+    pins = [
+        f'"{node}" = "{_node_key(directory / f"{node}.x25519")}"' for node in _names(args.nodes)
+    ]
+    if pins:
+        (directory / "node-keys.toml").write_text(
+            "# SHA-256 of each compute node's X25519 public key, for owners' [nodes] pins\n"
+            + "\n".join(pins)
+            + "\n",
+            encoding="utf-8",
+        )
+        print(
+            f"compute nodes' X25519 keys: NAME.x25519; owners' pins: {directory / 'node-keys.toml'}"
+        )
     print(
         "This CA is for trials: its key sits beside the certificates. In production each "
         "organisation brings its own PKI, keeps its own key and exchanges only certificates "

@@ -190,3 +190,28 @@ def test_a_port_in_use_is_a_config_error(certs: Certs) -> None:
             await server.stop(None)
 
     asyncio.run(go())
+
+
+def test_certs_init_makes_node_keys_that_owners_pin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trial's compute nodes get their X25519 keys (0600) and node-keys.toml the pins an
+    owner's [nodes] reads; `dpmarket node fingerprint` of a node config prints the same line."""
+
+    certs = tmp_path / "certs"
+    assert (
+        main(["certs", "init", str(certs), "--owners", "owner-1", "--nodes", "node-1,node-2"]) == 0
+    )
+    pins = tomllib.loads((certs / "node-keys.toml").read_text())
+    assert sorted(pins) == ["node-1", "node-2"]
+    for node in pins:
+        assert (certs / f"{node}.x25519").stat().st_mode & 0o777 == 0o600
+    config = tmp_path / "node-1.toml"
+    config.write_text(
+        '[node]\nname = "node-1"\nkey = "certs/node-1.x25519"\n'
+        '[market]\naddress = "127.0.0.1:1"\nname = "m"\nca = "certs/ca.crt"\n'
+        '[tls]\ncertificate = "certs/node-1.crt"\nkey = "certs/node-1.key"\n'
+    )
+    capsys.readouterr()
+    assert main(["node", "fingerprint", str(config)]) == 0
+    assert capsys.readouterr().out.strip() == f'node-1 = "{pins["node-1"]}"'
