@@ -113,6 +113,19 @@ def _validate(config: MarketConfig, out: str | None) -> int:
             print("\n".join(checked[-1].describe()))
         for warning in dict.fromkeys(w for each in checked for w in each.warnings):
             print(f"dpmarket: WARNING: {warning}", file=sys.stderr)
+    if config.remote is not None:  # what is theirs is checked by their agents, not here
+        remote = config.remote
+        for what, names, own in (
+            ("owners", remote.owners, "their own files, caps, ledgers and policies"),
+            ("compute nodes", remote.nodes, "their own X25519 keys"),
+        ):
+            if names:
+                print(f"remote {what}: {', '.join(names)} ({own}: checked by their agents)")
+        print(
+            f"remote: the market listens on {remote.listen} with {remote.certificate}; agents' "
+            f"certificates from {remote.client_ca}, pinned by fingerprint; join deadline "
+            f"{remote.join_deadline:g} s"
+        )
     print(f"out: {resolve_out(config, out)} (--out or [run].out, from the working directory)")
     print(f"{config.path}: valid", file=sys.stderr)
     return 0
