@@ -16,7 +16,9 @@ floors live in its own agent's configuration (actors/remote/agentconfig.py)::
     call_timeout = 120                  # seconds a control call waits for an agent's answer
 
 Paths are relative to the config file. A remote owner has no ``[data.files]`` entry,
-no ``[owners.NAME]`` table (placement, budget, ledger: its own), and no simulated fault.
+no ``[owners.NAME]`` table (placement, budget, ledger: its own), and no simulated fault. With
+``[[requests]]`` every request is offered to every remote owner in turn; each takes part in as
+many as its own policy admits.
 """
 
 from __future__ import annotations
@@ -188,8 +190,4 @@ def check_remote_market(where: str, config: Any) -> None:
         raise ConfigError(
             f"{where}: [faults]: simulated faults apply to local actors only; "
             f"{sorted(clash)} are remote"
-        )
-    if config.requests:
-        raise ConfigError(
-            f"{where}: [[requests]]: not yet with remote parties; one purchase per run"
         )

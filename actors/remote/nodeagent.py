@@ -98,4 +98,8 @@ def serve_node(config: NodeAgentConfig, give_up: float = 600.0) -> int:
         file=sys.stderr,
         flush=True,
     )
-    return asyncio.run(serve(config.link, agent.dispatch, software(), give_up=give_up))
+    try:
+        return asyncio.run(serve(config.link, agent.dispatch, software(), give_up=give_up))
+    except KeyboardInterrupt:
+        print(f"dpmarket {config.name}: stopped (interrupted)", file=sys.stderr, flush=True)
+        return 130

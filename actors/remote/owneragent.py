@@ -81,6 +81,7 @@ class OwnerAgent:
         self.declined: str | None = None  # why the current purchase was declined
         self.run: str | None = None
         self.ledger_run = ""
+        self.accepted: list[str] = []  # ledger runs accepted while serving, in order
         Path(config.state).mkdir(parents=True, exist_ok=True)
 
     @property
@@ -185,7 +186,9 @@ class OwnerAgent:
                 )
         if not ledger_run:
             reasons.append("ledger run: the offer names none")
-        elif ledger_run in self.finished_runs():
+        elif ledger_run in self.finished_runs() or (
+            ledger_run in self.accepted and ledger_run != self.ledger_run
+        ):  # a purchase that ended (or an earlier one of this market) is not reopened
             reasons.append(f"ledger run {ledger_run}: a purchase this owner already finished")
         if not reasons:
             reasons = self._cap_reasons(planned_purchase(plan, params), ledger_run)
@@ -199,8 +202,10 @@ class OwnerAgent:
         if dca is not None:  # a resumed purchase: rounds already contributed stay used
             assert self.host is not None
             await self.host.rounds_used(self.name, self._rounds_in_store(ledger_run))
+        if ledger_run != self.ledger_run:
+            self.purchases += 1  # a resume of the current purchase is not another one
         self.ledger_run = ledger_run
-        self.purchases += 1
+        self.accepted.append(ledger_run)
         _say(self.name, f"accepted purchase {run} (p = {params.p}, max {policy.max_points} points)")
         return {"accepted": True, "reasons": []}
 
@@ -244,11 +249,13 @@ class OwnerAgent:
         return {json.loads(line)["ledger_run"] for line in lines if line.strip()}
 
     def record_finished(self) -> None:
-        """The market ended the current purchase as finished: never accept its run again."""
-        if self.ledger_run and self.declined is None:
-            with self._purchases_file.open("a", encoding="utf-8") as fh:
-                entry = {"market": self.config.link.market, "ledger_run": self.ledger_run}
-                fh.write(json.dumps(entry) + "\n")
+        """The market finished: never accept any of its purchases' runs again."""
+        done = self.finished_runs()
+        with self._purchases_file.open("a", encoding="utf-8") as fh:
+            for run in dict.fromkeys(self.accepted):
+                if run not in done:
+                    entry = {"market": self.config.link.market, "ledger_run": run}
+                    fh.write(json.dumps(entry) + "\n")
 
     async def _accept(
         self,
@@ -296,8 +303,8 @@ class OwnerAgent:
         if method == "warm_up":
             return 0.0 if self.host is None else await self.host.warm_up()
         if method == "ingest_status":
-            if self.host is None:
-                return {"records": 0, "rejected": 0, "caught_up": False, "failed": [],
+            if self.host is None:  # no purchase yet: its tailers start with the first one
+                return {"records": 0, "rejected": 0, "caught_up": True, "failed": [],
                         "missing": [], "gaps": 0, "gap_bytes": 0}  # fmt: skip
             return await self.host.ingest_status(name)
         if method == "status":
@@ -332,7 +339,11 @@ def serve_owner(config: OwnerAgentConfig, give_up: float = 600.0) -> int:
     """Run the owner agent until the market ends (the exit code of actors/remote/agent.py)."""
     agent = OwnerAgent(config)
     _say(config.name, f"serving market {config.link.market!r} at {config.link.address}")
-    code = asyncio.run(serve(config.link, agent.dispatch, software(), give_up=give_up))
+    try:
+        code = asyncio.run(serve(config.link, agent.dispatch, software(), give_up=give_up))
+    except KeyboardInterrupt:
+        _say(config.name, "stopped (interrupted); its store keeps what it paid")
+        return 130
     if code == 0:
         agent.record_finished()
     return code

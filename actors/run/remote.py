@@ -32,6 +32,7 @@ class RemoteParties:
     """A market's remote parties as the run sees them: the gateway and a stand-in each."""
 
     gateway: Any
+    market: str = ""  # the market's name the agents joined ([run].name)
     owners: dict[str, RemoteHandle] = field(default_factory=dict)
     nodes: dict[str, RemoteHandle] = field(default_factory=dict)
     node_keys: dict[str, bytes | None] = field(default_factory=dict)  # None: not joined
@@ -82,6 +83,7 @@ def start_remote(config: MarketConfig) -> RemoteParties | None:
     joined = ray.get(gateway.joined.remote(remote.join_deadline))
     parties = RemoteParties(
         gateway,
+        config.name,
         {o: RemoteHandle(gateway, o, "owner") for o in remote.owners},
         {n: RemoteHandle(gateway, n, "node") for n in remote.nodes},
         joined=joined,
@@ -107,14 +109,15 @@ def offer_purchase(
     schema: Schema | None,
     ledger_run: str,
 ) -> None:
-    """Offer the purchase to every remote owner; record who declined (and why)."""
+    """Offer the purchase to every remote owner; record who declined (and why): a fresh
+    record for each purchase (a ``[[requests]]`` run offers each request in turn)."""
     import ray
 
     if not parties.owners:
         return
     offer = {
-        "market": config.name,
-        "run": config.name,
+        "market": parties.market,
+        "run": config.name,  # a request's run is RUN.NAME: one purchase of the market
         "params": record(params),
         "dca": None if prep is None else record(prep.config),
         "plan": None if prep is None else record(prep.trust.plan),
@@ -122,6 +125,7 @@ def offer_purchase(
         "schema": None if schema is None else schema_record(schema),
     }
     names = list(parties.owners)
+    parties.declined = {}
     answers = ray.get([parties.owners[o].begin.remote(offer) for o in names])
     for owner, answer in zip(names, answers, strict=True):
         if not answer.get("accepted"):

@@ -44,6 +44,7 @@ from dpmarket.actors.cluster.placement import preflight_owners, require_placeabl
 from dpmarket.actors.config.market import ConfigError, MarketConfig
 from dpmarket.actors.config.validate import check_inputs, resolve_out
 from dpmarket.actors.parties.faults import FaultPlan
+from dpmarket.actors.remote.handles import is_remote
 from dpmarket.actors.run.budgets import consumer_refusal, ledger_run_id, owner_gates
 from dpmarket.actors.run.ingest import file_inputs, wait_for_ingest
 from dpmarket.actors.run.market import (
@@ -58,6 +59,7 @@ from dpmarket.actors.run.market import (
 )
 from dpmarket.actors.run.phases import gather_alive, prepare_secure
 from dpmarket.actors.run.preflight import RunPlan, plan_run
+from dpmarket.actors.run.remote import RemoteParties, finish_remote, offer_purchase, start_remote
 from dpmarket.actors.run.spawn import RayMarket, curator_spawner, spawn_owners, unique_actors
 
 __all__ = ["INDEX", "run_requests"]
@@ -117,16 +119,23 @@ def run_requests(
     if connected is not None:
         connected(ray_info)
     require_placeable(config.placement)
+    remote = start_remote(config)  # agents dial in once; each request is offered to them
+    stand_ins: dict[str, Any] = dict(remote.owners) if remote is not None else {}
+    local = dataclasses.replace(
+        base.owners, owners={o: v for o, v in base.owners.owners.items() if o not in stand_ins}
+    )
     owners = spawn_owners(
-        base.owners, None, config.noise, FaultPlan(), config.name, config.placement,
+        local, None, config.noise, FaultPlan(), config.name, config.placement,
         config.owners_per_actor,
-    )  # fmt: skip
+    ) if local.owners else {}  # fmt: skip
     index["owner_actors"] = {o: h._actor_id.hex() for o, h in owners.items()}  # this run's
+    owners = {o: owners[o] if o in owners else stand_ins[o] for o in base.owners.owners}
+    finished = False
     try:
         _start_ingest(owners, base, config, attempt_dir)
         for r, c, own, plan in zip(todo, configs, inputs, plans, strict=True):
             where = out / "requests" / r.name
-            outcome, pids = _one_request(c, own, plan, owners, where, ray_info, attempt_dir)
+            outcome, pids = _one_request(c, own, plan, owners, where, ray_info, attempt_dir, remote)
             outcome.rejects |= {
                 key: (n, str(out / "requests" / r.name / ".ingest" / key / "rejects.jsonl"))
                 for key, n in own.consumer_rejects.items()
@@ -144,11 +153,13 @@ def run_requests(
                 }
             )
             (out / INDEX).write_text(json.dumps(index, indent=2), encoding="utf-8")
+        finished = True
     finally:
         if base.writer is not None:
             base.writer.stop()
         for handle in unique_actors(owners):
             _kill(handle)
+        finish_remote(remote, finished, "every request bought" if finished else "stopped")
     return _summary(out, outcomes)
 
 
@@ -192,7 +203,8 @@ def _summary(out: Path, outcomes: dict[str, MarketOutcome]) -> MarketOutcome:
 def _kill(handle: Any) -> None:
     import ray
 
-    ray.kill(handle)
+    if not is_remote(handle):  # a stand-in's agent is told by the gateway
+        ray.kill(handle)
 
 
 def _start_ingest(
@@ -202,7 +214,8 @@ def _start_ingest(
     then the tailers start, once for every request, and a simulated stream starts writing."""
     import ray
 
-    preflight_owners(owners, base.files or {}, config.placement)
+    local = {o: h for o, h in owners.items() if not is_remote(h)}
+    preflight_owners(local, base.files or {}, config.placement)
     if base.files is not None and base.schema is not None:
         ray.get(
             [
@@ -225,22 +238,25 @@ def _one_request(
     out: Path,
     ray_info: dict[str, Any],
     attempt_dir: Path,
+    remote: RemoteParties | None = None,
 ) -> tuple[MarketOutcome, dict[str, int]]:
-    """One request on the running owner actors (module docstring, steps 1-4)."""
+    """One request on the running owner actors (module docstring, steps 1-4); remote owners
+    are offered it (actors/run/remote.py) and decide by their own policies."""
 
-    if inputs.files is not None:
-        wait_for_ingest(owners)  # every owner has read its files to their current end
     journal_dir = out / JOURNAL_DIR
     journal_dir.mkdir(parents=True, exist_ok=True)
     ledger_run = ledger_run_id(journal_dir, True, config)
     params, tick = plan.params, time.perf_counter()
-    prep = prepare_secure(config, inputs.owners, inputs.gamma, params, None)
+    prep = prepare_secure(
+        config, inputs.owners, inputs.gamma, params, None,
+        remote.node_keys if remote is not None else None,
+    )  # fmt: skip
     pids: dict[str, int] = {}
     if (declined := consumer_refusal(config, params, ledger_run)) is not None:
         payload: Any = declined
     else:
         gates = owner_gates(config, params, ledger_run) or {}
-        handles = unique_actors(owners)
+        handles = [h for h in unique_actors(owners) if not is_remote(h)]
         replies = gather_alive(  # an owner actor lost earlier is absent (counts against T)
             [
                 h.begin_request.remote(
@@ -257,12 +273,20 @@ def _one_request(
                 for o in owners if owners[o] is h and reply is not None}  # fmt: skip
         journal = journal_dir / "journal.json"
         spawn = curator_spawner(config.name, inputs.owners, params, config.noise, str(journal))
+        if remote is not None:  # remote owners start reading with their first purchase
+            offer_purchase(remote, config, params, prep, inputs.schema, ledger_run)
+        if inputs.files is not None:
+            wait_for_ingest(owners)  # every owner has read its files to their current end
         market = RayMarket(owners, spawn(None), spawn, run_id=config.name)
+        if remote is not None:
+            market.remote_nodes = dict(remote.nodes)
         try:
             preflight_owners({"curator": market.curator}, {}, {})
             payload = purchase(
                 config, inputs.owners, market, prep, FaultPlan(), journal, None, ledger_run
             )
+            if remote is not None and isinstance(payload, dict):
+                payload["remote"] = remote.public()
         finally:  # the owners stay for the next request
             for handle in [market.curator, *market.compute_nodes.values()]:
                 _kill(handle)

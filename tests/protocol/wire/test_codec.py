@@ -141,6 +141,7 @@ EXAMPLES: list[Body] = [
     summary_messages.BidBody(token=0, bid=0.0),
     summary_messages.PassBody(),
     summary_messages.PassBody(reason="budget spent: é ∑ 漢"),
+    summary_messages.CountBody(records=140),
     summary_messages.AskBody(token=17),
     summary_messages.DeliverBody(token=3, point=rng.integers(-9, 9, size=5), label=1.0),
     summary_messages.DeliverBody(token=4, hashed=np.array([True, False]), label=None),
