@@ -288,8 +288,8 @@ class OwnerAgent:
         if method == "warm_up":
             return 0.0 if self.host is None else await self.host.warm_up()
         if method == "ingest_status":
-            if self.host is None:
-                return {"records": 0, "rejected": 0, "caught_up": False, "failed": [],
+            if self.host is None:  # declined (or never began): nothing the market waits for
+                return {"records": 0, "rejected": 0, "caught_up": True, "failed": [],
                         "missing": [], "gaps": 0, "gap_bytes": 0}  # fmt: skip
             return await self.host.ingest_status(name)
         if method == "status":
