@@ -90,7 +90,7 @@ async def serve(
     dispatch: Dispatcher,
     software: str,
     backoff: float = 0.5,
-    max_backoff: float = 15.0,
+    max_backoff: float = 5.0,
     give_up: float = 600.0,
 ) -> int:
     """Hold the link until the market ends it; the exit code (module docstring)."""

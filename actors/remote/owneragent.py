@@ -303,7 +303,7 @@ class OwnerAgent:
         if method == "warm_up":
             return 0.0 if self.host is None else await self.host.warm_up()
         if method == "ingest_status":
-            if self.host is None:  # no purchase yet: its tailers start with the first one
+            if self.host is None:  # no purchase (or declined): its tailers start with one
                 return {"records": 0, "rejected": 0, "caught_up": True, "failed": [],
                         "missing": [], "gaps": 0, "gap_bytes": 0}  # fmt: skip
             return await self.host.ingest_status(name)

@@ -309,6 +309,8 @@ def run_market(
         config, inputs, run_plan, journal_dir / "journal.json", snapshot, attempt_dir, ledger_run
     )
     timings["ingest_and_summarise"] = time.perf_counter() - tick
+    if isinstance(payload, dict) and "run_seconds" in payload:
+        timings["summarise"] = float(payload["run_seconds"])  # the curator's run: the epochs
     return market_outcome(config, out, inputs, payload, ray_info, timings, attempt_dir)
 
 

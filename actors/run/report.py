@@ -42,7 +42,8 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
   used): which parties failed and how T was spent, which owners need to check; ``remote``
   (with ``[remote]``: the remote owners and nodes, those absent at the join deadline, and the
   owners that declined the purchase by their own policy, with their reasons).
-- ``timings``: ``start`` and ``ingest_and_summarise`` seconds (wall clock the owners observe).
+- ``timings``: ``start``, ``ingest_and_summarise`` and ``summarise`` (the curator's run: its
+  setup, every epoch and the finish) seconds (wall clock the owners observe).
 - ``secure_phases``: the secure-sum rounds' DP releases and their noise: ``normalise`` (DP pool
   count, per-feature means and spreads; with ``standardize`` on, owners also receive the means
   and per-feature scales as h1's center and scale in the setup frame), ``scan`` and each entry of
@@ -208,7 +209,7 @@ PUBLIC_SECURE: dict[str, frozenset[str] | None] = {
         {"epoch", "round", "status", "reason", "records_estimate", "releases", "sigma", "missing"}
     ),
 }
-PUBLIC_TIMINGS = frozenset({"start", "ingest_and_summarise"})
+PUBLIC_TIMINGS = frozenset({"start", "ingest_and_summarise", "summarise"})
 # transport keys that are fault evidence (public); the counters are the consumer's
 PUBLIC_TRANSPORT = frozenset({"refused", "expelled", "dead"})
 F64 = npt.NDArray[np.float64]
