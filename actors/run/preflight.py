@@ -55,6 +55,9 @@ class RunPlan:
         return tuple(c for c in self.checks if c.weak)
 
 
+POOL_RELEASES = ("normalise", "scan")  # their signal grows with the pool's size
+
+
 def _line_count(path: str) -> int:
     try:
         with Path(path).open("rb") as fh:
@@ -80,6 +83,7 @@ def plan_run(
 ) -> RunPlan:
     """The run's parameters and a :class:`ReleaseCheck` per release, from public numbers."""
     m = len(inputs.validation)
+    remote = config.remote.owners if config.remote is not None else ()
     params = config.curator_params(gamma, m)
     records = expected_records(inputs, files)
     delta, secure = config.delta, config.secure
@@ -104,7 +108,7 @@ def plan_run(
         gaussians.append((sigma, moments_sensitivity(k, bound, neighbouring=rel), 1))
         gaussians.append((scan_sigma(rows, secure["eps_scan"], delta, neighbouring=rel),
                           sens_sketch, 1))  # fmt: skip
-        if secure["standardize"] and records < STANDARDIZE_MIN_SNR * sigma:
+        if secure["standardize"] and records < STANDARDIZE_MIN_SNR * sigma and not remote:
             warnings.append(
                 f"standardisation will likely be skipped: about {records:.0f} records against "
                 f"normalise noise sigma {sigma:.0f} (needs {STANDARDIZE_MIN_SNR:g} sigma); "
@@ -127,8 +131,13 @@ def plan_run(
             gaussians.append(refresh)
     checks.append(owners_check(params, delta))
     checks.append(owners_total(params, delta, tuple(gaussians)))
+    if remote:  # their counts are theirs: a pool-size signal would be a guess
+        warnings.append(
+            f"{len(remote)} remote owners hold their own records: the signal of the secure "
+            "sums below counts only local owners' files (each remote owner sees its own)"
+        )
     for check in checks:
-        if check.weak:
+        if check.weak and not (remote and check.name in POOL_RELEASES):
             warnings.append(
                 f"release {check.name!r} is mostly noise: signal {check.signal:.3g} against "
                 f"noise {check.noise:.3g} (SNR {check.snr:.2f}; {check.what}), costing "
