@@ -40,7 +40,9 @@ Relative paths are taken from the file's folder. An owner::
     noise_seed = 0
 
 A compute node has ``[node]`` (``name``, ``key``: its X25519 private key file, made by the
-node itself on first use, 0600), ``[market]`` and ``[tls]``.
+node itself on first use, 0600; ``owners_ca``: the CA that signs the owners' certificates, so
+that the node accepts an owner's secure-sum key only with that owner's signature, never on the
+market's word), ``[market]`` and ``[tls]``.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ SECTIONS_OWNER: dict[str, set[str] | None] = {
     "simulation": {"reproducible_noise", "noise_seed"},
 }
 SECTIONS_NODE: dict[str, set[str] | None] = {
-    "node": {"name", "key"},
+    "node": {"name", "key", "owners_ca"},
     "market": {"address", "name", "ca", "server_name"},
     "tls": {"certificate", "key"},
 }
@@ -101,6 +103,7 @@ class NodeAgentConfig:
     name: str
     key: str
     link: Link
+    owners_ca: bytes | None = None  # the CA of owners' certificates: their keys are checked
 
 
 def _read(path: str | Path, sections: dict[str, set[str] | None]) -> dict[str, Any]:
@@ -257,4 +260,8 @@ def load_node_config(path: str | Path) -> NodeAgentConfig:
     data = _read(path, SECTIONS_NODE)
     name = _name(where, "node", _need(where, data, "node", "name"))
     key = _file(where, base, "[node].key", _need(where, data, "node", "key"), must_exist=False)
-    return NodeAgentConfig(where, name, key, _link(where, data, base, name, "node"))
+    owners_ca = data["node"].get("owners_ca")
+    ca = None
+    if owners_ca is not None:
+        ca = load_pem(_file(where, base, "[node].owners_ca", owners_ca), "the owners' CA")
+    return NodeAgentConfig(where, name, key, _link(where, data, base, name, "node"), ca)

@@ -83,6 +83,28 @@ def _key(value: object, what: str) -> bytes:
     return value
 
 
+MAX_PROOF_BYTES = 16 * 1024  # a certificate and a signature
+
+
+def _identity(value: object, what: str) -> dict[str, bytes]:
+    """An owner agent's secure-sum key with its proof: the key signed by its TLS key for the
+    session, and the certificate to check it by (actors/remote/tls.py ``sign_identity``)."""
+    if not isinstance(value, dict) or set(value) != {"key", "certificate", "signature"}:
+        raise RemoteProtocolError(f"{what}: expected key, certificate and signature")
+    _key(value["key"], f"{what}.key")
+    for name in ("certificate", "signature"):
+        item = value[name]
+        if not isinstance(item, bytes) or not 0 < len(item) <= MAX_PROOF_BYTES:
+            raise RemoteProtocolError(f"{what}.{name}: expected at most {MAX_PROOF_BYTES} bytes")
+    return value
+
+
+def _proofs(value: object, what: str) -> dict[str, dict[str, bytes]]:
+    if not isinstance(value, dict):
+        raise RemoteProtocolError(f"{what}: expected a map of owner -> proof")
+    return {str(o): _identity(p, f"{what}.{o}") for o, p in value.items()}
+
+
 def _status(value: object, what: str) -> dict[str, Any]:
     status = _map(value, what)
     for key in ("records", "epochs_seen", "asks"):
@@ -158,11 +180,12 @@ def _read_frames(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_begin_node(raw: dict[str, Any]) -> dict[str, Any]:
-    _fields(raw, {"config", "client_keys", "plan"})
+    _fields(raw, {"config", "client_keys", "plan", "proofs"})
     return {
         "config": from_record(DcaConfig, raw["config"], "config"),
         "client_keys": _keys(raw["client_keys"], "client_keys"),
         "plan": from_record(SecureSumPlan, raw["plan"], "plan"),
+        "proofs": _proofs(raw["proofs"], "proofs"),
     }
 
 
@@ -200,7 +223,7 @@ METHODS: dict[tuple[str, str], tuple[Packer, Reader, Checker, object]] = {
             "gap_bytes": 0,
         },
     ),
-    ("owner", "dca_identity"): (_no_args, _read_none, _key, None),
+    ("owner", "dca_identity"): (_no_args, _read_none, _identity, None),
     ("owner", "dca_setup"): (
         lambda a: {"config": record(a[1]), "node_keys": dict(a[2])},
         _read_setup,
@@ -223,7 +246,12 @@ METHODS: dict[tuple[str, str], tuple[Packer, Reader, Checker, object]] = {
     ),
     # compute node (actors/parties/compute.py)
     ("node", "begin"): (
-        lambda a: {"config": record(a[0]), "client_keys": dict(a[1]), "plan": record(a[2])},
+        lambda a: {
+            "config": record(a[0]),
+            "client_keys": dict(a[1]),
+            "plan": record(a[2]),
+            "proofs": dict(a[3]),
+        },
         _read_begin_node,
         _map,
         RAISE,

@@ -6,8 +6,9 @@ pin), dials out to the market like an owner agent (actors/remote/agent.py) and h
 :class:`~dpmarket.actors.parties.compute.ComputeNodeHost` a local node actor runs: the session's
 configuration, the owners' public keys and the round plan arrive in the market's ``begin``; the
 node opens no round below the plan's sigma floor or beyond its count, and its private key never
-leaves this process. What it trusts the market for: the roster of owners' keys (README,
-"Across organisations": remaining threats).
+leaves this process. With ``[node].owners_ca`` it admits an owner's key only with that owner's
+signature by a certificate of that CA (:meth:`NodeAgent.checked_keys`), so a market cannot
+register a key of its own in an owner's name.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from dpmarket.actors.parties.compute import ComputeNodeHost
 from dpmarket.actors.remote.agent import serve
 from dpmarket.actors.remote.agentconfig import NodeAgentConfig
 from dpmarket.actors.remote.owneragent import software
-from dpmarket.protocol.securesum.sealing import key_fingerprint
+from dpmarket.actors.remote.tls import verify_identity
+from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 
 __all__ = ["NodeAgent", "node_key", "serve_node"]
@@ -58,6 +60,32 @@ class NodeAgent:
         self.config = config
         self.key = node_key(config.key)
         self.host: ComputeNodeHost | None = None
+        self.refused: dict[str, str] = {}  # owner -> why its relayed key was refused
+
+    def checked_keys(
+        self, session: str, keys: dict[str, bytes], proofs: dict[str, dict[str, bytes]]
+    ) -> dict[str, bytes]:
+        """The owners' keys the market relayed, each kept only with its owner's signature by a
+        certificate of ``[node].owners_ca`` (with one); an owner whose key is not proven is
+        pinned to a key nobody holds: its registration is refused, so it is absent from every
+        round (counted against T), and no key of the market's choosing is admitted in its
+        name. Without ``owners_ca`` the node takes the market's word (a trial)."""
+        ca = self.config.owners_ca
+        if ca is None:
+            return dict(keys)
+        checked: dict[str, bytes] = {}
+        for owner, key in keys.items():
+            proof = proofs.get(owner)
+            try:
+                if proof is None or proof["key"] != key:
+                    raise ValueError(f"{owner}: no proof that the relayed key is its own")
+                verify_identity(ca, proof["certificate"], proof["signature"], session, owner, key)
+                checked[owner] = key
+            except ValueError as exc:
+                self.refused[owner] = str(exc)
+                print(f"dpmarket {self.config.name}: refused a key: {exc}", file=sys.stderr)
+                checked[owner] = generate_keypair()[1]
+        return checked
 
     async def dispatch(self, method: str, args: dict[str, Any]) -> Any:
         if method == "public_key":
@@ -66,10 +94,10 @@ class NodeAgent:
             config = args["config"]
             if self.config.name not in config.nodes:
                 raise RemoteProtocolError(f"begin: {self.config.name} is not a node of the session")
+            keys = self.checked_keys(config.run, args["client_keys"], args["proofs"])
             self.host = ComputeNodeHost(
-                config, self.config.name, self.key.private_bytes_raw(), args["client_keys"],
-                args["plan"],
-            )  # fmt: skip
+                config, self.config.name, self.key.private_bytes_raw(), keys, args["plan"]
+            )
             print(
                 f"dpmarket {self.config.name}: session {config.run} with "
                 f"{len(config.clients)} owners",

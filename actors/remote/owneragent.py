@@ -44,6 +44,7 @@ from dpmarket.actors.parties.dcaowner import OperatorTrust
 from dpmarket.actors.parties.owner import OwnerHost
 from dpmarket.actors.remote.agent import Declined, serve
 from dpmarket.actors.remote.agentconfig import OwnerAgentConfig
+from dpmarket.actors.remote.tls import sign_identity
 from dpmarket.protocol.agents.policy import planned_purchase, review
 from dpmarket.protocol.agents.records import from_record
 from dpmarket.protocol.privacy.filter import RenyiFilter
@@ -82,6 +83,7 @@ class OwnerAgent:
         self.run: str | None = None
         self.ledger_run = ""
         self.accepted: list[str] = []  # ledger runs accepted while serving, in order
+        self.session = ""  # the accepted secure-sum session (its DcaConfig.run)
         Path(config.state).mkdir(parents=True, exist_ok=True)
 
     @property
@@ -199,6 +201,7 @@ class OwnerAgent:
             raise Declined(self.declined)
         self.declined = None
         await self._accept(run, ledger_run, params, dca, plan, schema)
+        self.session = dca.run if dca is not None else ""
         if dca is not None:  # a resumed purchase: rounds already contributed stay used
             assert self.host is not None
             await self.host.rounds_used(self.name, self._rounds_in_store(ledger_run))
@@ -318,8 +321,14 @@ class OwnerAgent:
                 return {"declined": self.declined}
             return await self._host(method).budget_view(name)
         host = self._host(method)
-        if method == "dca_identity":
-            return await host.dca_identity(name)
+        if method == "dca_identity":  # its key, signed for the session by its TLS key
+            public = await host.dca_identity(name)
+            link = self.config.link
+            return {
+                "key": public,
+                "certificate": link.certificate,
+                "signature": sign_identity(link.key, self.session, name, public),
+            }
         if method == "dca_setup":
             return await host.dca_setup(name, args["config"], args["node_keys"])
         if method == "dca_contribute":

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import grpc
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dpmarket.actors.config.market import ConfigError
@@ -46,6 +47,8 @@ __all__ = [
     "load_pem",
     "make_ca",
     "server_credentials",
+    "sign_identity",
+    "verify_identity",
     "write_party_certs",
 ]
 
@@ -319,3 +322,67 @@ def channel_credentials(ca: bytes, cert: bytes, key: bytes) -> grpc.ChannelCrede
     return grpc.ssl_channel_credentials(
         root_certificates=ca, private_key=key, certificate_chain=cert
     )
+
+
+# ---------------------------------------------------------------- an owner's secure-sum key
+IDENTITY_CONTEXT = b"dpmarket secure-sum identity v1"
+
+
+def _identity_message(session: str, party: str, public_key: bytes) -> bytes:
+    parts = [IDENTITY_CONTEXT, session.encode(), party.encode(), public_key]
+    return b"".join(len(p).to_bytes(4, "big") + p for p in parts)
+
+
+def sign_identity(key_pem: bytes, session: str, party: str, public_key: bytes) -> bytes:
+    """``party``'s signature, with its TLS key, binding its X25519 ``public_key`` to the
+    secure-sum ``session``: a compute node that trusts the party's CA can check that the key the
+    market relays is the party's own (:func:`verify_identity`)."""
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    message = _identity_message(session, party, public_key)
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        return key.sign(message, ec.ECDSA(hashes.SHA256()))
+    if isinstance(key, rsa.RSAPrivateKey):
+        return key.sign(message, padding.PSS(padding.MGF1(hashes.SHA256()), 32), hashes.SHA256())
+    if isinstance(key, ed25519.Ed25519PrivateKey):
+        return key.sign(message)
+    raise ValueError(f"{party}: a {type(key).__name__} key cannot sign its identity")
+
+
+def verify_identity(
+    ca_pem: bytes, certificate_pem: bytes, signature: bytes, session: str, party: str,
+    public_key: bytes, now: datetime.datetime | None = None,
+) -> None:  # fmt: skip
+    """``ValueError`` naming the reason unless ``certificate_pem`` was issued by the CA in
+    ``ca_pem`` to ``party`` (its common name), is valid ``now``, and its key signed
+    ``public_key`` for ``session`` (:func:`sign_identity`)."""
+    try:
+        ca = x509.load_pem_x509_certificate(ca_pem)
+        cert = x509.load_pem_x509_certificate(certificate_pem)
+    except ValueError as exc:
+        raise ValueError(f"{party}: not a PEM certificate ({exc})") from None
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature) as exc:
+        raise ValueError(
+            f"{party}: its certificate is not issued by the owners' CA ({exc!r})"
+        ) from None
+    names = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    if names != [party]:
+        raise ValueError(f"{party}: the certificate is {names}'s, not {party!r}'s")
+    now = now or datetime.datetime.now(datetime.UTC)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise ValueError(f"{party}: its certificate is not valid now")
+    message = _identity_message(session, party, public_key)
+    key = cert.public_key()
+    try:
+        if isinstance(key, ec.EllipticCurvePublicKey):
+            key.verify(signature, message, ec.ECDSA(hashes.SHA256()))
+        elif isinstance(key, rsa.RSAPublicKey):
+            key.verify(signature, message, padding.PSS(padding.MGF1(hashes.SHA256()), 32),
+                       hashes.SHA256())  # fmt: skip
+        elif isinstance(key, ed25519.Ed25519PublicKey):
+            key.verify(signature, message)
+        else:
+            raise ValueError(f"{party}: a {type(key).__name__} certificate key is not supported")
+    except InvalidSignature:
+        raise ValueError(f"{party}: the key relayed for it is not the one it signed") from None

@@ -262,7 +262,11 @@ def spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     from dpmarket.protocol.securesum.sealing import generate_keypair
 
     owners, dca = market.owners, prep.config
-    publics = gather_alive([owners[o].dca_identity.remote(o) for o in dca.clients])
+    answers = gather_alive([owners[o].dca_identity.remote(o) for o in dca.clients])
+    # a remote owner answers with its key signed by its TLS key (actors/remote/owneragent.py):
+    # its remote nodes check the proof themselves, so the market cannot swap the key
+    proofs = {o: a for o, a in zip(dca.clients, answers, strict=True) if isinstance(a, dict)}
+    publics = [a["key"] if isinstance(a, dict) else a for a in answers]
     # an owner whose actor died before it answered is pinned to a key nobody holds (its
     # private half is dropped here): it cannot register, so it is absent from every round
     client_keys = {
@@ -279,7 +283,7 @@ def spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     preflight_owners(nodes, {}, {})  # each runs the driver's dpmarket, or refused by name
     for name, handle in market.remote_nodes.items():  # its own key; the session, keys, plan
         try:
-            ray.get(handle.begin.remote(dca, client_keys, prep.trust.plan))
+            ray.get(handle.begin.remote(dca, client_keys, prep.trust.plan, proofs))
         except ray.exceptions.RayTaskError as exc:  # absent: the session cannot start
             print(f"dpmarket: {name}: {exc}", file=sys.stderr)
         nodes[name] = handle

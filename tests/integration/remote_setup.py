@@ -148,14 +148,17 @@ class RemoteMarket:
         path.write_text(text.replace(f"127.0.0.1:{self.port}", f"127.0.0.1:{port}"))
 
     def set_policy(self, owner: str, **changes: object) -> None:
-        """Rewrite keys of the owner's own ``[policy]``."""
+        """Rewrite keys of the owner's own ``[policy]`` (a key it does not have is added)."""
         path = self.config(owner)
-        lines = []
+        lines, todo = [], dict(changes)
         for line in path.read_text().splitlines():
             key = line.split("=", 1)[0].strip()
-            if key in changes:
-                line = f"{key} = {_toml_value(changes[key])}"
+            if key in todo:
+                line = f"{key} = {_toml_value(todo.pop(key))}"
             lines.append(line)
+            if line == "[policy]":
+                lines += [f"{k} = {_toml_value(v)}" for k, v in changes.items() if k not in POLICY]
+                todo = {k: v for k, v in todo.items() if k in POLICY}
         path.write_text("\n".join(lines) + "\n")
 
     # ------------------------------------------------------------------ processes
@@ -317,7 +320,7 @@ def build(
         for f in (f"{node}.crt", f"{node}.key", "ca.crt"):
             _copy(pki / f, home / "certs")
         (home / "node.toml").write_text(
-            f'[node]\nname = "{node}"\nkey = "certs/{node}.x25519"\n\n'
+            f'[node]\nname = "{node}"\nkey = "certs/{node}.x25519"\nowners_ca = "certs/ca.crt"\n\n'
             f'[market]\naddress = "{address}"\nname = "{name}"\nca = "certs/ca.crt"\n\n'
             f'[tls]\ncertificate = "certs/{node}.crt"\nkey = "certs/{node}.key"\n'
         )

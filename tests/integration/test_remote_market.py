@@ -195,3 +195,35 @@ def test_owners_cut_or_delayed_above_t_then_resume_with_a_half_open_owner(
             assert all(counts[r] == n for r, n in before[owner].items())  # kept, not redone
         for owner in ("owner-1", "owner-2", "owner-4"):
             assert _kinds(market.store(owner)) == sorted([*SECURE, "summary plan"])
+
+
+def test_requests_are_offered_to_each_remote_owner_in_turn(tmp_path: Path) -> None:
+    """``[[requests]]`` with remote owners: every request is offered to every agent, each takes
+    part in as many as its own policy admits (owner-2: one purchase), a declined request costs
+    it nothing and counts against T, and every purchase it bought is recorded as finished."""
+    with build(tmp_path / "m") as market:
+        config = market.market
+        config.write_text(
+            config.read_text() + '\n[[requests]]\nname = "first"\n\n[[requests]]\nname = "second"\n'
+        )
+        market.set_policy("owner-2", purchases=1)
+        out = tmp_path / "out"
+        driver = market.run(out)
+        market.start_agents()
+        assert driver.wait(timeout=2 * RUN) == 0
+        parties = [*market.nodes, *market.owners]
+        assert market.wait_agents(parties) == dict.fromkeys(parties, 0)
+        index = json.loads((out / "requests.json").read_text())
+        assert [r["state"] for r in index["requests"]] == ["complete", "complete"]
+        first = _report(out / "requests" / "first")["faults"]["remote"]
+        second = _report(out / "requests" / "second")["faults"]["remote"]
+        assert first["declined"] == {}
+        assert (
+            list(second["declined"]) == ["owner-2"] and "purchases" in second["declined"]["owner-2"]
+        )
+        assert _kinds(market.store("owner-2")) == sorted([*SECURE, "summary plan"])
+        for owner in ("owner-1", "owner-3", "owner-4"):
+            assert _kinds(market.store(owner)) == sorted(2 * [*SECURE, "summary plan"])
+            assert max(release_counts(market.store(owner)).values()) == 1  # each release once
+            finished = (market.store(owner).parent / "purchases.jsonl").read_text().splitlines()
+            assert len(finished) == 2  # neither ledger run can be reopened

@@ -15,6 +15,7 @@ import pytest
 
 from dpmarket.actors.parties.transport import LoopbackTransport
 from dpmarket.actors.randomness import NoiseSource
+from dpmarket.actors.remote import tls
 from dpmarket.actors.remote.agent import Declined, Link
 from dpmarket.actors.remote.agentconfig import OwnerAgentConfig
 from dpmarket.actors.remote.owneragent import OwnerAgent
@@ -73,7 +74,13 @@ def _agent(tmp_path: Path, pins: dict[str, str], **policy: Any) -> OwnerAgent:
     data = tmp_path / "owner-1.csv"
     rows = np.random.default_rng(0).uniform(-1, 1, size=(40, K + 1)).round(4)
     data.write_text("\n".join(",".join(str(v) for v in r) for r in rows) + "\n")
-    link = Link("127.0.0.1:1", MARKET, NAME, "owner", b"", b"", b"")
+    pki = tmp_path / "pki"
+    if not pki.exists():
+        tls.write_party_certs(pki, [NAME], ["node-1"])
+    link = Link(
+        "127.0.0.1:1", MARKET, NAME, "owner", (pki / "ca.crt").read_bytes(),
+        (pki / f"{NAME}.crt").read_bytes(), (pki / f"{NAME}.key").read_bytes(),
+    )  # fmt: skip
     config = OwnerAgentConfig(
         str(tmp_path / "owner.toml"), NAME, str(tmp_path / "state"), link, (str(data),), False,
         {}, pins, _policy(**policy), 0, NoiseSource.reproducible(1),
@@ -136,7 +143,12 @@ def test_an_honest_offer_is_served_and_a_second_normalise_gets_nothing(tmp_path:
             "accepted"
         ]
         await _ingested(agent)
-        assert len(await agent.dispatch("dca_identity", {})) == 32
+        identity = await agent.dispatch("dca_identity", {})  # its key, signed for the session
+        assert len(identity["key"]) == 32
+        ca = (tmp_path / "pki" / "ca.crt").read_bytes()
+        tls.verify_identity(
+            ca, identity["certificate"], identity["signature"], config.run, NAME, identity["key"]
+        )
         frames = await agent.dispatch("dca_setup", {"config": config, "node_keys": keys})
         assert frames  # its registrations at the nodes it pinned
         args = {"spec": _spec(plan, "normalise", 1), "what": "moments", "options": {"bound": 3.0}}
