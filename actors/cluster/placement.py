@@ -161,7 +161,7 @@ def _actor_record(handle: Any) -> Any:
         from ray.core.generated import gcs_pb2
 
         raw = state.state.get_actor_info(handle._actor_id)
-        return None if raw is None else gcs_pb2.ActorTableData.FromString(raw)
+        return None if raw is None else gcs_pb2.ActorTableData.FromString(raw)  # type: ignore[attr-defined]
     except Exception:  # a private API: without it, no detail, never an error
         return None
 
@@ -190,7 +190,7 @@ def _placement_detail(
     try:
         from ray._private import state
 
-        available = state.available_resources_per_node()
+        available = state.available_resources_per_node()  # type: ignore[no-untyped-call]
     except Exception:  # a private API: totals only
         available = {}
     nodes = []
