@@ -31,6 +31,7 @@ __all__ = [
     "check_inputs",
     "check_out_in_job",
     "check_schema",
+    "check_stores_in_job",
     "data_path",
     "key_line",
     "ray_job_submission",
@@ -76,11 +77,38 @@ def check_out_in_job(out: str | Path, where: str) -> None:
         )
 
 
+def check_stores_in_job(config: MarketConfig) -> None:
+    """Inside ``ray job submit`` a budget store (an owner's or a consumer's ledger) inside the
+    job's working directory is refused (ConfigError, exit 2): a relative ``ledger_dir`` or
+    ``ledger`` is taken from the config's directory, which in a job is Ray's package cache, and
+    a store lost with it forgets what its party spent."""
+    job = ray_job_submission()
+    if job is None:
+        return
+    cache = Path.cwd().resolve()
+    stores = {f"[owners.{o}] ledger": b.ledger for o, b in config.budgets.items()}
+    if config.consumer_budget is not None:
+        stores["the consumer's ledger"] = config.consumer_budget.ledger
+    for request in config.requests:
+        if request.consumer is not None:
+            stores[f"[[requests]] ({request.name}) ledger"] = request.consumer.ledger
+    for what, store in stores.items():
+        if Path(store).resolve().is_relative_to(cache):
+            raise ConfigError(
+                f"{config.path}: {what} {store} is inside the working directory of Ray job "
+                f"{job} ({cache}), Ray's per-job package cache: a budget store there is lost "
+                "with it, and its party's spending forgotten; give [privacy].ledger_dir (or "
+                "the ledger) an absolute path on the node"
+            )
+
+
 def resolve_out(config: MarketConfig, cli_out: str | Path | None) -> Path:
     """The output directory: ``--out`` if given, else ``[run].out``; either way a relative path
     is taken from the working directory (data paths are taken from the config's directory);
-    inside ``ray job submit`` a relative one is refused (:func:`check_out_in_job`)."""
+    inside ``ray job submit`` a relative one is refused (:func:`check_out_in_job`), and so is
+    a budget store in the job's working directory (:func:`check_stores_in_job`)."""
     check_out_in_job(cli_out or config.out, "--out" if cli_out else "[run].out")
+    check_stores_in_job(config)
     return Path(cli_out or config.out).expanduser().absolute()
 
 

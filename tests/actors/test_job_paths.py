@@ -166,3 +166,25 @@ def test_resume_refuses_an_unplaced_owner_whose_files_were_in_the_cache(tmp_path
     shutil.rmtree(tmp_path / "runtime_resources")
     with pytest.raises(ConfigError, match=r"\[data.files\].owner-1: .*owner-1.csv changed"):
         market_module.resume_market(tmp_path / "out")
+
+
+def test_a_budget_store_in_the_jobs_working_directory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A relative ``ledger_dir`` is taken from the config's directory: in a job, Ray's cache."""
+    path = _placed_example(tmp_path / "job")
+    text = path.read_text().replace(
+        "[privacy]\n", '[privacy]\nowner_budget = 2\nledger_dir = "stores"\n', 1
+    )
+    path.write_text(text)
+    monkeypatch.chdir(tmp_path / "job")
+    out = ["--out", str(tmp_path / "out")]
+    monkeypatch.delenv(RAY_JOB_ENV, raising=False)
+    assert main(["validate", str(path), *out]) == 0  # outside a job: a path like any other
+    _in_job(monkeypatch)
+    assert main(["validate", str(path), *out]) == 2
+    err = capsys.readouterr().err
+    assert "[owners.owner-1] ledger" in err and "package cache" in err and JOB in err
+    absolute = text.replace('ledger_dir = "stores"', f'ledger_dir = "{tmp_path / "stores"}"')
+    path.write_text(absolute)
+    assert main(["validate", str(path), *out]) == 0
