@@ -10,7 +10,9 @@ naming the owner, the node (Ray node id and IP) and the path.
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dpmarket.actors.cluster.connect import UNREACHABLE_ERRORS
@@ -21,6 +23,7 @@ from dpmarket.actors.config.placement import BUILTIN_RESOURCES, Placement
 __all__ = ["node_report", "preflight_owners", "require_placeable"]
 
 PREFLIGHT_TIMEOUT = 120.0  # seconds for every owner actor to start and answer
+PLACEMENT_GRACE = 10.0  # seconds after which an actor Ray has not placed is reported
 
 
 def require_placeable(
@@ -82,32 +85,43 @@ def preflight_owners(
     files: dict[str, list[str]],
     placements: dict[str, Placement],
     timeout: float = PREFLIGHT_TIMEOUT,
+    grace: float = PLACEMENT_GRACE,
+    warn: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Ask every actor in ``owners`` (all at once) on its node whether its files can be read
     there and which dpmarket it runs; return each one's node report. Raises
     :class:`ConfigError` naming the owner, its node and the path for the first unreadable file,
-    an actor whose dpmarket differs from the driver's, or one that did not start in time. An
-    actor that died before answering is left out: a lost party, which the run's T-tolerance
-    counts like any other."""
+    an actor whose dpmarket differs from the driver's, or one that did not start in time (with
+    what it asked for and what every alive node offers). An actor Ray has not placed on a node
+    after ``grace`` seconds is said at once (``warn``, default stderr), with the same detail,
+    while the wait goes on. An actor that died before answering is left out: a lost party,
+    which the run's T-tolerance counts like any other."""
     import ray
 
     refs = {o: h.where.remote(files.get(o, [])) for o, h in owners.items()}
-    deadline, reports = time.monotonic() + timeout, {}
-    for owner, ref in refs.items():
-        where = placements.get(owner, Placement()).describe()
-        try:
-            reports[owner] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
-        except ray.exceptions.GetTimeoutError:
-            raise ConfigError(
-                f"preflight: {owner} (placed {where}) did not start within {timeout:.0f} s"
-            ) from None
-        except ray.exceptions.RuntimeEnvSetupError as exc:
-            raise ConfigError(
-                f"preflight: {owner} (placed {where}): Ray could not set up its runtime "
-                f"environment (the shipped code) on its node: {str(exc)[-500:]}"
-            ) from None
-        except UNREACHABLE_ERRORS:
-            continue  # died (or its node did): a lost party, counted against T by the run
+    start = time.monotonic()
+    reports: dict[str, dict[str, Any]] = {}
+    pending, warned = dict(refs), False
+    while pending and time.monotonic() - start < timeout:
+        wait = min(1.0, max(0.0, timeout - (time.monotonic() - start)))
+        ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=wait)
+        for owner in [o for o, ref in pending.items() if ref in ready]:
+            answer = _answer(owner, pending.pop(owner), placements)
+            if answer is not None:
+                reports[owner] = answer
+        if pending and not warned and time.monotonic() - start >= grace:
+            unplaced = [o for o in pending if not _placed(owners[o])]
+            if unplaced:
+                warned = True
+                (warn or _stderr)(
+                    f"dpmarket: WARNING: not placed on any node after {grace:.0f} s: "
+                    f"{_placement_detail(unplaced, owners, placements)}"
+                )
+    for owner in pending:
+        raise ConfigError(
+            f"preflight: {owner} did not start within {timeout:.0f} s: "
+            f"{_placement_detail([owner], owners, placements)}"
+        )
     require_same_code(reports)  # every owner runs the driver's dpmarket, or refused by name
     for owner, report in reports.items():
         for path, why in report["problems"].items():
@@ -117,3 +131,89 @@ def preflight_owners(
                 "placed owner's paths are paths on its node"
             )
     return reports
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _answer(owner: str, ref: Any, placements: dict[str, Placement]) -> dict[str, Any] | None:
+    """One actor's node report; None for an actor that died (a lost party)."""
+    import ray
+
+    where = placements.get(owner, Placement()).describe()
+    try:
+        report: dict[str, Any] = ray.get(ref)
+    except ray.exceptions.RuntimeEnvSetupError as exc:
+        raise ConfigError(
+            f"preflight: {owner} (placed {where}): Ray could not set up its runtime "
+            f"environment (the shipped code) on its node: {str(exc)[-500:]}"
+        ) from None
+    except UNREACHABLE_ERRORS:
+        return None  # died (or its node did): a lost party, counted against T by the run
+    return report
+
+
+def _actor_record(handle: Any) -> Any:
+    """The GCS actor table's record of ``handle`` (None when it cannot be read)."""
+    try:
+        from ray._private import state
+        from ray.core.generated import gcs_pb2
+
+        raw = state.state.get_actor_info(handle._actor_id)
+        return None if raw is None else gcs_pb2.ActorTableData.FromString(raw)  # type: ignore[attr-defined]
+    except Exception:  # a private API: without it, no detail, never an error
+        return None
+
+
+def _placed(handle: Any) -> bool:
+    """Whether Ray has given the actor a worker process on a node (the GCS records its pid)."""
+    record = _actor_record(handle)
+    return record is None or record.pid != 0
+
+
+def _placement_detail(
+    unplaced: list[str], owners: dict[str, Any], placements: dict[str, Placement]
+) -> str:
+    """What each actor asked for (as Ray recorded it) and what every alive node offers."""
+    import ray
+
+    asked = []
+    for owner in unplaced:
+        record = _actor_record(owners[owner])
+        request = {} if record is None else dict(record.required_resources)
+        labels = {} if record is None else dict(getattr(record, "label_selector", {}) or {})
+        text = f"{owner} asks {_amounts(request) or 'nothing'}"
+        text += f", node labels {labels}" if labels else ""
+        where = placements.get(owner)
+        asked.append(text + (f" (placed {where.describe()})" if where else ""))
+    try:
+        from ray._private import state
+
+        available = state.available_resources_per_node()  # type: ignore[no-untyped-call]
+    except Exception:  # a private API: totals only
+        available = {}
+    nodes = []
+    for node in (n for n in ray.nodes() if n.get("Alive")):  # type: ignore[no-untyped-call]
+        free = available.get(node["NodeID"])
+        nodes.append(
+            f"node {node['NodeID']} ({node.get('NodeManagerAddress', '?')}): offers "
+            f"{_amounts(node.get('Resources', {}))}"
+            + (f", free now {_amounts(free)}" if free is not None else "")
+            + (f", labels {_labels(node)}" if _labels(node) else "")
+        )
+    return "; ".join(asked) + ". Alive nodes: " + "; ".join(nodes or ["none"])
+
+
+def _amounts(resources: dict[str, float]) -> str:
+    """CPU, GPU and custom resources as ``{name: amount}`` (memory and node ids left out)."""
+    shown = {
+        name: round(float(amount), 4)
+        for name, amount in sorted(resources.items())
+        if name not in ("memory", "object_store_memory") and not name.startswith("node:")
+    }
+    return str(shown) if shown else ""
+
+
+def _labels(node: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in (node.get("Labels") or {}).items() if not k.startswith("ray.io/")}

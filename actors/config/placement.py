@@ -7,22 +7,26 @@ A config places an owner with ``[owners.NAME]``::
     node_labels = { site = "a" }    # and/or node labels (ray start --labels), all must match
 
 Both become the owner actor's Ray options (``resources``, ``label_selector``); co-location
-(``owners_per_actor``) only groups owners with the same placement. What is checked on the
-cluster at run time (a node that satisfies each placement, the owner's files readable on its
-node) is actors/cluster/placement.py. A placed owner's paths are paths on its node: the driver
-does not probe them (actors/config/validate.py), its actor does.
+(``owners_per_actor``) only groups owners with the same placement. A placement's resources
+select a node, they do not size one owner: the owner actors that name a resource share the
+amount written (:func:`shared_requests`), so any number of owners placed with
+``site_a = 1`` fit together on a node started with ``--resources='{"site_a": 1}'``.
+What is checked on the cluster at run time (a node that satisfies each placement, the owner's
+files readable on its node) is actors/cluster/placement.py. A placed owner's paths are paths on
+its node: the driver does not probe them (actors/config/validate.py), its actor does.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from dpmarket.actors.config.checks import ConfigError
 
-__all__ = ["BUILTIN_RESOURCES", "Placement", "parse_placements"]
+__all__ = ["BUILTIN_RESOURCES", "RESOURCE_UNIT", "Placement", "parse_placements", "shared_requests"]
 
 BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-]{0,61}[A-Za-z0-9])?$")
@@ -36,11 +40,12 @@ class Placement:
     resources: tuple[tuple[str, float], ...] = ()
     node_labels: tuple[tuple[str, str], ...] = ()
 
-    def options(self) -> dict[str, Any]:
-        """The owner actor's Ray options for this placement."""
+    def options(self, resources: dict[str, float] | None = None) -> dict[str, Any]:
+        """The owner actor's Ray options for this placement (``resources``: the amounts it
+        asks, by default those written; :func:`shared_requests`)."""
         out: dict[str, Any] = {}
         if self.resources:
-            out["resources"] = dict(self.resources)
+            out["resources"] = dict(self.resources) if resources is None else dict(resources)
         if self.node_labels:
             out["label_selector"] = dict(self.node_labels)
         return out
@@ -52,6 +57,31 @@ class Placement:
 
 
 PLACEMENT_KEYS = frozenset({"resources", "node_labels"})
+RESOURCE_UNIT = 1e-4  # the finest fraction of a resource Ray schedules
+
+
+def shared_requests(placements: list[Placement]) -> list[dict[str, float]]:
+    """The custom resources each actor asks, one placement per actor spawned together: the
+    actors naming a resource share its amount, each asking ``amount / n`` (n the actors naming
+    it) rounded down to Ray's unit of 0.0001. Together they never ask more than the largest
+    amount written, so a node offering what one placement names holds all of them (the
+    placement check, actors/cluster/placement.py, asks a node for the written amount).
+    ConfigError when a share would be below Ray's unit (more than 10000 actors per unit)."""
+    count = Counter(name for p in placements for name, _ in p.resources)
+    out = []
+    for placement in placements:
+        request = {}
+        for name, amount in placement.resources:
+            units = math.floor(amount / count[name] / RESOURCE_UNIT + 1e-9)
+            if units < 1:
+                raise ConfigError(
+                    f"[owners]: {count[name]} owner actors share resources.{name} = {amount:g}: "
+                    f"each would ask less than Ray's unit {RESOURCE_UNIT:g}; write a larger "
+                    "amount (it only selects the node) or co-locate them (owners_per_actor)"
+                )
+            request[name] = round(units * RESOURCE_UNIT, 4)
+        out.append(request)
+    return out
 
 
 def parse_placements(

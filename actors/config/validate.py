@@ -14,6 +14,7 @@ before any secure sum (actors/config/placement.py), not here.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -28,9 +29,12 @@ __all__ = [
     "FileCheck",
     "InputsCheck",
     "check_inputs",
+    "check_out_in_job",
     "check_schema",
+    "check_stores_in_job",
     "data_path",
     "key_line",
+    "ray_job_submission",
     "resolve_out",
     "resolved_data",
 ]
@@ -39,10 +43,73 @@ PROBE_ROWS, PROBE_BYTES = 50, 1 << 16
 _TABLE = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]")
 
 
+# the job supervisor of ``ray job submit`` starts the entrypoint with this variable (its
+# runtime_env and metadata, the submission id under "job_submission_id"): Ray 2.60's
+# dashboard/modules/job/job_supervisor.py; a driver started by hand has no such variable
+RAY_JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+
+def ray_job_submission() -> str | None:
+    """The submission id (``raysubmit_...``) of the Ray job this process is the entrypoint
+    of, ``"unknown"`` for a job whose metadata names none, None outside ``ray job submit``."""
+    value = os.environ.get(RAY_JOB_ENV)
+    if value is None:
+        return None
+    try:
+        metadata = json.loads(value).get("metadata") or {}
+    except (ValueError, AttributeError):
+        return "unknown"
+    return str(metadata.get("job_submission_id") or "unknown")
+
+
+def check_out_in_job(out: str | Path, where: str) -> None:
+    """Inside ``ray job submit`` a relative output directory is refused (ConfigError, exit 2):
+    the entrypoint runs in the job's working directory, a copy Ray unpacks into its per-job
+    package cache (``runtime_resources``), which Ray deletes when it needs the space and a
+    restarted head forgets, so the journal a resume needs and the outputs would go with it."""
+    job = ray_job_submission()
+    if job is not None and not Path(out).expanduser().is_absolute():
+        raise ConfigError(
+            f"{where} {str(out)!r} is relative, and this is Ray job {job}, whose working "
+            f"directory ({Path.cwd()}) is Ray's per-job package cache: outputs and the journal "
+            "written there are lost when Ray clears it; give an absolute --out on the head "
+            "(e.g. --out /srv/dpmarket/out)"
+        )
+
+
+def check_stores_in_job(config: MarketConfig) -> None:
+    """Inside ``ray job submit`` a budget store (an owner's or a consumer's ledger) inside the
+    job's working directory is refused (ConfigError, exit 2): a relative ``ledger_dir`` or
+    ``ledger`` is taken from the config's directory, which in a job is Ray's package cache, and
+    a store lost with it forgets what its party spent."""
+    job = ray_job_submission()
+    if job is None:
+        return
+    cache = Path.cwd().resolve()
+    stores = {f"[owners.{o}] ledger": b.ledger for o, b in config.budgets.items()}
+    if config.consumer_budget is not None:
+        stores["the consumer's ledger"] = config.consumer_budget.ledger
+    for request in config.requests:
+        if request.consumer is not None:
+            stores[f"[[requests]] ({request.name}) ledger"] = request.consumer.ledger
+    for what, store in stores.items():
+        if Path(store).resolve().is_relative_to(cache):
+            raise ConfigError(
+                f"{config.path}: {what} {store} is inside the working directory of Ray job "
+                f"{job} ({cache}), Ray's per-job package cache: a budget store there is lost "
+                "with it, and its party's spending forgotten; give [privacy].ledger_dir (or "
+                "the ledger) an absolute path on the node"
+            )
+
+
 def resolve_out(config: MarketConfig, cli_out: str | Path | None) -> Path:
     """The output directory: ``--out`` if given, else ``[run].out``; either way a relative path
-    is taken from the working directory (data paths are taken from the config's directory)."""
-    return Path(cli_out or config.out).absolute()
+    is taken from the working directory (data paths are taken from the config's directory);
+    inside ``ray job submit`` a relative one is refused (:func:`check_out_in_job`), and so is
+    a budget store in the job's working directory (:func:`check_stores_in_job`)."""
+    check_out_in_job(cli_out or config.out, "--out" if cli_out else "[run].out")
+    check_stores_in_job(config)
+    return Path(cli_out or config.out).expanduser().absolute()
 
 
 def data_path(config_path: str, name: str) -> str:
@@ -195,6 +262,8 @@ class InputsCheck:
 
     schema: Schema
     files: tuple[FileCheck, ...]
+    # placed owners' files, not probed here: (owner, where it is placed, its paths)
+    skipped: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
 
     @property
     def headers(self) -> dict[str, bool]:
@@ -222,7 +291,13 @@ class InputsCheck:
             f"schema: {s.n_features} features, label {label}, {s.n_columns} columns per row, "
             f"policy {s.policy}"
         ]
-        return lines + [line for f in self.files for line in f.describe()]
+        lines += [line for f in self.files for line in f.describe()]
+        return lines + [
+            f"{owner:<10} {path}: NOT CHECKED here (placed on {where}: a path on its node, "
+            "checked there by its actor before any secure sum)"
+            for owner, where, paths in self.skipped
+            for path in paths
+        ]
 
 
 LABEL_CLASSES = 10
@@ -318,4 +393,9 @@ def check_inputs(config: MarketConfig) -> InputsCheck:
         for key in ("validation", "seed_set")
         if key in config.data  # with [[requests]] each request may name its own
     ]
-    return InputsCheck(schema, tuple(checks))
+    skipped = tuple(
+        (owner, config.placement[owner].describe(), tuple(str(n) for n in names))
+        for owner, names in config.data.get("files", {}).items()
+        if owner in config.placement
+    )
+    return InputsCheck(schema, tuple(checks), skipped)

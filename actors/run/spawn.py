@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dpmarket.actors.config.placement import Placement
+from dpmarket.actors.config.placement import Placement, shared_requests
 from dpmarket.actors.parties.dcaowner import OperatorTrust
 from dpmarket.actors.parties.transport import FaultPlan
 from dpmarket.actors.randomness import NoiseSource
@@ -134,11 +134,12 @@ def spawn_owners(
 
     placement = placement or {}
     owners: dict[str, Any] = {}
-    for group in owner_groups(list(inputs.owners), owners_per_actor, faults, placement):
+    groups = owner_groups(list(inputs.owners), owners_per_actor, faults, placement)
+    places = [placement.get(group[0], Placement()) for group in groups]
+    # the actors naming a resource share the amount written (actors/config/placement.py)
+    for group, place, share in zip(groups, places, shared_requests(places), strict=True):
         role = group[0] if len(group) == 1 else "owners-" + "-".join(_number(n) for n in group)
-        handle = OwnerActor.options(
-            **placement.get(group[0], Placement()).options(), **actor_options(run_id, role)
-        ).remote(
+        handle = OwnerActor.options(**place.options(share), **actor_options(run_id, role)).remote(
             run_id,
             {name: inputs.owners[name] for name in group},
             noise,

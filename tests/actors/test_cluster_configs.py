@@ -49,7 +49,7 @@ def test_cluster_yaml_pins_the_tested_ray_and_python(name: str) -> None:
 @pytest.mark.parametrize("name", ["cluster-local.yaml", "cluster-aws.yaml"])
 def test_cluster_yaml_mounts_the_project_without_ignored_files(name: str) -> None:
     _, config = _text_and_config(name)
-    assert config["file_mounts"] == {"~/dpmarket": "."}
+    assert isinstance(config["file_mounts"], dict) and config["file_mounts"]["~/dpmarket"] == "."
     assert config["rsync_filter"] == [".gitignore"]
     ignored = (ROOT / ".gitignore").read_text().split()
     assert ".venv/" in ignored and "out/" in ignored  # what the filter keeps off the nodes
@@ -76,3 +76,33 @@ def test_every_site_has_its_custom_resource() -> None:
     _, local = _text_and_config("cluster-local.yaml")
     assert "site_a" in str(local["head_start_ray_commands"])
     assert "site_b" in str(local["worker_start_ray_commands"])
+
+
+@pytest.mark.parametrize("name", ["cluster-local.yaml", "cluster-aws.yaml"])
+def test_cluster_yaml_comes_up_as_written(name: str) -> None:
+    """Issue 27 part 1, what can be read: the token reaches every node by file mounts before
+    any `ray start` (the README has it generated before `ray up`), every start command sets
+    token mode, the head's monitor gets the bootstrap config (it starts the workers), no
+    docker (a site's data directory is on the machine its owners run on), one machine per
+    site."""
+    _, config = _text_and_config(name)
+    mounts = config["file_mounts"]
+    assert isinstance(mounts, dict) and mounts["~/.ray/auth_token"] == "~/.ray/auth_token"
+    starts = [*config["head_start_ray_commands"], *config["worker_start_ray_commands"]]  # type: ignore[misc]
+    for command in starts:
+        if "ray start" in command:
+            assert "RAY_AUTH_MODE=token ray start" in command
+    heads = " ".join(config["head_start_ray_commands"])  # type: ignore[arg-type]
+    assert "--autoscaling-config=~/ray_bootstrap_config.yaml" in heads
+    assert "docker" not in config
+    if name == "cluster-aws.yaml":
+        types = config["available_node_types"]
+        assert isinstance(types, dict)
+        assert all(
+            types[s]["min_workers"] == types[s]["max_workers"] == 1 for s in ("site_a", "site_b")
+        )
+        assert config["max_workers"] == 2
+    else:
+        provider = config["provider"]
+        assert isinstance(provider, dict)
+        assert config["max_workers"] == len(provider["worker_ips"])

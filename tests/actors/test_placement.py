@@ -76,3 +76,22 @@ def test_a_placement_no_alive_node_satisfies_is_refused_before_spawning() -> Non
         require_placeable({"owner-2": Placement((("site_a", 2.0),))}, nodes)  # not enough
     with pytest.raises(ConfigError, match="node labels"):
         require_placeable({"owner-3": Placement((("site_a", 1.0),), (("site", "b"),))}, nodes)
+
+
+def test_owner_actors_naming_a_resource_share_the_amount_written() -> None:
+    """Issue 27 part 2: ``site_a = 1`` selects the node; five actors on it ask 0.2 each, so
+    all of them fit on a node offering one unit (Ray's unit is 0.0001, rounded down)."""
+    from dpmarket.actors.config.placement import shared_requests
+
+    site_a, site_b = Placement((("site_a", 1.0),)), Placement((("site_b", 1.0),))
+    both = Placement((("site_a", 2.0), ("gpu_box", 1.0)))
+    asked = shared_requests([site_a] * 5 + [site_b] * 3 + [Placement()])
+    assert asked[:5] == [{"site_a": 0.2}] * 5
+    assert asked[5:8] == [{"site_b": 0.3333}] * 3 and asked[8] == {}
+    assert sum(a["site_b"] for a in asked[5:8]) <= 1.0
+    mixed = shared_requests([site_a, site_a, both])  # three name site_a: a third of each amount
+    assert mixed == [{"site_a": 0.3333}, {"site_a": 0.3333}, {"site_a": 0.6666, "gpu_box": 1.0}]
+    assert shared_requests([site_a]) == [{"site_a": 1.0}]  # one actor asks what is written
+    assert site_a.options({"site_a": 0.2}) == {"resources": {"site_a": 0.2}}
+    with pytest.raises(ConfigError, match="less than Ray's unit"):
+        shared_requests([Placement((("site_a", 0.001),))] * 20)

@@ -26,7 +26,9 @@ SITE_A, SITE_B = Placement((("site_a", 1.0),)), Placement((("site_b", 1.0),))
 
 @pytest.fixture(scope="module")
 def two_sites() -> Iterator[dict[str, str]]:
-    """A head offering site_a and a second node offering site_b; site -> Ray node id."""
+    """A head offering site_a and a second node offering site_b, one unit each as
+    configs/cluster-*.yaml start them (issue 27 part 2: several owners per site); site -> Ray
+    node id."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -35,9 +37,9 @@ def two_sites() -> Iterator[dict[str, str]]:
     was_connected = ray.is_initialized()
     ray.shutdown()
     cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"site_a": 10}}
+        initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"site_a": 1}}
     )
-    cluster.add_node(num_cpus=1, resources={"site_b": 10})
+    cluster.add_node(num_cpus=1, resources={"site_b": 1})
     cluster.wait_for_nodes()
     connect(cluster.address)  # a cluster address: the driver's code is shipped (py_modules)
     sites = {
@@ -82,6 +84,64 @@ def test_owners_run_on_the_node_their_placement_names(two_sites: dict[str, str])
         assert len(unique_actors(market.owners)) == 2  # co-located within a placement only
     finally:
         market.kill_all()
+
+
+def test_several_owner_actors_per_site_all_start_on_their_site(two_sites: dict[str, str]) -> None:
+    """The documented ``resources = { site_a = 1 }`` for every owner of a site, one actor each,
+    on nodes offering one unit: every actor starts (they share the unit) on its site."""
+    scenario = small_scenario(9, n_points=200)  # owner-1 .. owner-4
+    placement = {"owner-1": SITE_A, "owner-2": SITE_B, "owner-3": SITE_A, "owner-4": SITE_B}
+    market = spawn_market(
+        scenario, small_params(scenario), NoiseSource.reproducible(1), run_id="shared",
+        placement=placement,
+    )  # fmt: skip
+    try:
+        reports = preflight_owners(market.owners, {}, placement)
+        assert len(unique_actors(market.owners)) == 4
+        for owner, site in placement.items():
+            assert reports[owner]["node_id"] == two_sites[dict(site.resources).popitem()[0]]
+    finally:
+        market.kill_all()
+
+
+def test_an_owner_that_cannot_be_placed_is_said_with_what_it_asked_and_what_nodes_offer(
+    two_sites: dict[str, str],
+) -> None:
+    """Another actor holds site_b's unit: the owner placed there waits; the preflight says so
+    after its grace, naming the request and every alive node's resources, and refuses by name
+    when its time is up."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.options(resources={"site_b": 1.0}).remote()  # type: ignore[attr-defined]
+    ray.get(holder.ready.remote())
+    scenario = small_scenario(10, n_points=200)
+    placement = {"owner-2": SITE_B}
+    market = spawn_market(
+        scenario, small_params(scenario), NoiseSource.reproducible(1), run_id="unplaced",
+        placement=placement,
+    )  # fmt: skip
+    said: list[str] = []
+    try:
+        with pytest.raises(ConfigError) as info:
+            preflight_owners(
+                market.owners, {}, placement, timeout=20.0, grace=2.0, warn=said.append
+            )
+    finally:
+        market.kill_all()
+        ray.kill(holder)
+    assert len(said) == 1 and "not placed on any node" in said[0]
+    for text in (said[0], str(info.value)):
+        assert "owner-2 asks" in text and "'site_b': 1.0" in text
+        assert "placed resources {'site_b': 1.0}" in text
+        assert two_sites["site_a"] in text and two_sites["site_b"] in text  # every alive node
+        assert "free now" in text
+        assert "owner-1 asks" not in text  # started: not named
+    assert "owner-2 did not start within 20 s" in str(info.value)
 
 
 def test_preflight_names_the_owner_its_node_and_the_path(
