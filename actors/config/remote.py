@@ -136,6 +136,12 @@ def parse_remote(
             f"{where}: [remote].nodes: {clash or nodes} clash with other parties' names "
             "(owner-N, compute-N, aggregator, market, curator)"
         )
+    if remote_owners and len(nodes) < compute_nodes:
+        raise ConfigError(
+            f"{where}: [remote]: remote owners pin every compute node's key out of band, and a "
+            f"local node's key is made anew for each run: declare all {compute_nodes} compute "
+            f"nodes in [remote].nodes (it names {len(nodes)})"
+        )
     if not remote_owners and not nodes:
         raise ConfigError(f"{where}: [remote]: declares no remote owner or node")
     fingerprints = _fingerprints(base, where, table["fingerprints"])
