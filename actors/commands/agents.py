@@ -42,38 +42,36 @@ def _node_fingerprint(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_args(cmd: Any, what: str) -> None:
-    cmd.add_argument("config", metavar=f"{what.upper()}.toml", help=f"the {what}'s own config")
-    cmd.add_argument(
+def _serve(sub: Any, role: str, help_: str, serve_help: str, func: Any) -> Any:
+    """``dpmarket ROLE serve ROLE.toml [--give-up SECONDS]``; returns ROLE's subparsers."""
+    group = sub.add_parser(role, help=help_).add_subparsers(dest=f"{role}_command", required=True)
+    serve = group.add_parser(
+        "serve",
+        help=serve_help,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("config", metavar=f"{role.upper()}.toml", help=f"the {role}'s own config")
+    serve.add_argument(
         "--give-up",
         type=float,
         default=600.0,
         metavar="SECONDS",
         help="exit 1 after this long without reaching the market (default 600)",
     )
+    serve.set_defaults(func=func)
+    return group
 
 
 def add_agent_parsers(sub: Any) -> None:
-    owner = sub.add_parser("owner", help="an owner's own agent (dials out to a market)")
-    owner_sub = owner.add_subparsers(dest="owner_command", required=True)
-    serve = owner_sub.add_parser(
-        "serve",
-        help="take part in a market's purchases from this machine",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _serve_args(serve, "owner")
-    serve.set_defaults(func=_owner_serve)
-    node = sub.add_parser("node", help="a compute node's own agent (dials out to a market)")
-    node_sub = node.add_subparsers(dest="node_command", required=True)
-    serve = node_sub.add_parser(
-        "serve",
-        help="be a compute node of a market's secure sums from this machine",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _serve_args(serve, "node")
-    serve.set_defaults(func=_node_serve)
-    fp = node_sub.add_parser("fingerprint", help="print the node key's fingerprint for owners")
+    _serve(
+        sub, "owner", "an owner's own agent (dials out to a market)",
+        "take part in a market's purchases from this machine", _owner_serve,
+    )  # fmt: skip
+    node = _serve(
+        sub, "node", "a compute node's own agent (dials out to a market)",
+        "be a compute node of a market's secure sums from this machine", _node_serve,
+    )  # fmt: skip
+    fp = node.add_parser("fingerprint", help="print the node key's fingerprint for owners")
     fp.add_argument("config", metavar="NODE.toml")
     fp.set_defaults(func=_node_fingerprint)

@@ -84,6 +84,43 @@ def test_agents_in_their_own_processes_buy_what_local_actors_buy(tmp_path: Path)
             assert max(release_counts(market.store(owner)).values()) == 1
         assert not list(remote_out.rglob("*.sqlite*"))  # the market holds no owner's ledger
 
+        # mixed: owner-1 and owner-2 local actors of the market, owner-3 and owner-4 agents,
+        # every compute node an agent (without owners_ca: local owners sign nothing); the
+        # same summary again
+        mixed_out = tmp_path / "mixed"
+        _mix(market, local=["owner-1", "owner-2"])
+        driver = market.run(mixed_out)
+        market.start_agents([*market.nodes, "owner-3", "owner-4"])
+        assert driver.wait(timeout=RUN) == 0
+        mixed = np.load(mixed_out / "summary.npz")
+        for key in mixed.files:
+            assert np.array_equal(mixed[key], local[key]), key
+        assert _report(mixed_out)["faults"]["remote"]["owners"] == ["owner-3", "owner-4"]
+        for owner in ("owner-3", "owner-4"):  # a second purchase in their own stores
+            assert _kinds(market.store(owner)) == sorted(2 * [*SECURE, "summary plan"])
+        assert _kinds(market.store("owner-1")) == sorted([*SECURE, "summary plan"])  # untouched
+
+
+def _mix(market: RemoteMarket, local: list[str]) -> None:
+    """Make ``local`` owners local actors of the market (their files from the all-local
+    config), the others stay agents; compute nodes stop checking owners' signatures."""
+    text = market.market.read_text()
+    remote = [o for o in market.owners if o not in local]
+    text = text.replace(f"owners = {market.owners!r}".replace("'", '"'),
+                        f"owners = {remote!r}".replace("'", '"'))  # fmt: skip
+    files = [
+        line
+        for line in market.local_market.read_text().splitlines()
+        if any(line.startswith(f"{o} = ") for o in local)
+    ]
+    market.market.write_text(text.rstrip("\n") + "\n\n[data.files]\n" + "\n".join(files) + "\n")
+    for node in market.nodes:
+        path = market.config(node)
+        path.write_text(
+            "\n".join(line for line in path.read_text().splitlines() if "owners_ca" not in line)
+            + "\n"
+        )
+
 
 def test_an_owner_declines_by_its_own_policy_and_counts_against_t(tmp_path: Path) -> None:
     """An owner whose own cap is below the plan's charge declines, is charged nothing and
