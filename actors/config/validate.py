@@ -23,7 +23,15 @@ from typing import Any
 
 from dpmarket.actors.config.checks import ConfigError
 from dpmarket.actors.config.inputs import MarketConfig
-from dpmarket.streams.records.files import ARITY, RAW_LIMIT, Probe, Schema, SchemaError, probe
+from dpmarket.streams.records.files import (
+    ARITY,
+    RAW_LIMIT,
+    Probe,
+    Schema,
+    SchemaError,
+    format_of,
+    probe,
+)
 
 __all__ = [
     "FileCheck",
@@ -349,6 +357,12 @@ def _check_file(
         raise ConfigError(
             f"{at}: {party}'s file {path} cannot be read: not a regular file (a FIFO, device "
             "or directory is refused: the run reads regular files)"
+        )
+    if section == "data.files" and format_of(path) == "npy":  # owners' files are followed
+        raise ConfigError(
+            f"{at}: {party}'s file {path} is .npy, which is read whole and cannot be followed "
+            "as it grows: an owner's files must be CSV, JSONL or msgpack streams (the "
+            "validation and seed sets may be .npy)"
         )
     header = config.data.get("header")
     try:

@@ -234,6 +234,11 @@ def load_owner_config(path: str | Path) -> OwnerAgentConfig:
     for p in paths:
         if not os.path.isfile(p):
             raise ConfigError(f"{where}: [data].files: {p} is not a regular file")
+        if p.endswith(".npy"):
+            raise ConfigError(
+                f"{where}: [data].files: {p} is .npy, read whole and never followed as it grows; "
+                "an owner's files are CSV, JSONL or msgpack streams"
+            )
     header = data["data"].get("header", False)
     if not isinstance(header, bool):
         raise ConfigError(f"{where}: [data].header: expected true or false")

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from dpmarket.actors.commands.main import main
@@ -297,3 +298,28 @@ def test_a_fifo_given_as_an_input_is_refused_by_name_before_anything_blocks(
     if name == "owner-1":
         assert str(fifo) in err
     assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 2
+
+
+def test_an_owner_npy_file_is_refused_by_validate_and_the_consumer_may_use_npy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 28: ``.npy`` owner files passed validate, then the run's tailer failed with a
+    traceback. An owner's files are followed as they grow, which a ``.npy`` file cannot be:
+    validate (and run, before Ray) exit 2 naming the key and the file; a validation set in
+    ``.npy`` is read whole, and stays accepted."""
+    config = _market(tmp_path)
+    rows = np.loadtxt(tmp_path / "d" / "owner-1.csv", delimiter=",", ndmin=2)
+    np.save(tmp_path / "d" / "owner-1.npy", rows)
+    np.save(tmp_path / "d" / "validation.npy", rows)
+    text = config.read_text().replace("d/owner-1.csv", "d/owner-1.npy")
+    config.write_text(text)
+    assert main(["validate", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "[data.files].owner-1" in err and "owner-1.npy" in err and "cannot be followed" in err
+    assert main(["run", str(config), "--out", str(tmp_path / "out")]) == 2
+    config.write_text(
+        text.replace("d/owner-1.npy", "d/owner-1.csv").replace(
+            "d/validation.csv", "d/validation.npy"
+        )
+    )
+    assert main(["validate", str(config)]) == 0
