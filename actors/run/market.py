@@ -285,6 +285,11 @@ def run_market(
     journal_dir = out / JOURNAL_DIR
     if snapshot is None and (out / "report.json").exists():
         raise ConfigError(f"{out}: already holds a finished run (report.json); choose --out")
+    if snapshot is None and _journaled_state(journal_dir) == "done":  # never bought twice
+        raise ConfigError(
+            f"{out}: holds a finished purchase whose outputs were not written; "
+            f"`dpmarket resume {out}` writes them"
+        )
     if snapshot is None and checked is not None:  # the run reads the journaled copies
         config = stage_consumer_files(config, journal_dir)
         checked = check_inputs(config)
@@ -390,6 +395,15 @@ def market_outcome(
         reports.consumer,
         rejects,
     )
+
+
+def _journaled_state(journal_dir: Path) -> str | None:
+    """The state of the journal snapshot in ``journal_dir`` (None: none, or unreadable)."""
+    try:
+        state = json.loads((journal_dir / "journal.json").read_text(encoding="utf-8"))["state"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(state)
 
 
 def _finished_outcome(out: Path) -> MarketOutcome | None:

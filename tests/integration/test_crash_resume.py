@@ -72,8 +72,9 @@ def test_resume_of_a_run_whose_curator_finished_writes_its_outputs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole: dict[str, Any]
 ) -> None:
     """The driver dies after the curator journaled "done" and before any output was written
-    (before the fix ``resume`` exited 2 "already finished" and the purchase was lost):
-    ``resume`` writes the outputs, buys nothing, and a second ``resume`` exits 0 untouched."""
+    (before the fix ``resume`` exited 2 "already finished" and the purchase was lost): a rerun
+    into OUT is refused, ``resume`` writes the outputs, buys nothing, and a second ``resume``
+    exits 0 untouched."""
 
     def die(*args: Any, **kwargs: Any) -> Any:
         raise DriverDied
@@ -85,6 +86,7 @@ def test_resume_of_a_run_whose_curator_finished_writes_its_outputs(
             main(_args(out))
     assert _journal(out)["state"] == "done"
     assert not (out / "report.json").exists()
+    assert main(_args(out)) == 2  # a rerun would buy it again: refused, resume named
     assert main(["resume", str(out)]) == 0
     report = _report(out)
     _same_purchase(report, whole)
