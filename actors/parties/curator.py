@@ -230,11 +230,18 @@ class CuratorActor:
     ) -> dict[str, Any]:
         """Drive the run to completion or refusal; return the result as plain data.
         ``crash_at`` simulates a curator crash: the process exits once epoch ``crash_at`` is
-        reached, after journaling what is due (what a crash between two releases leaves)."""
+        reached, after journaling what is due (what a crash between two releases leaves).
+
+        A curator restored from a journal in state "done" (it finished after its driver died)
+        sends nothing: it returns the journaled result, so a resume writes the finished run's
+        outputs without buying anything again."""
         self._crash_at = crash_at
         curator = self._curator
         started = time.perf_counter()
-        first = curator.resume() if self._resumed else curator.start()
+        if curator.state == "done":
+            first: list[Any] = []
+        else:
+            first = curator.resume() if self._resumed else curator.start()
         self._checkpoint()
         transport = RayTransport(handles, faults)
         self._transport = transport

@@ -23,7 +23,12 @@ import numpy as np
 
 from dpmarket.actors.cluster.connect import connect
 from dpmarket.actors.cluster.placement import preflight_owners, require_placeable
-from dpmarket.actors.config.journaled import journal_config, restore_config, stage_consumer_files
+from dpmarket.actors.config.journaled import (
+    CONFIG_FILE,
+    journal_config,
+    restore_config,
+    stage_consumer_files,
+)
 from dpmarket.actors.config.market import ConfigError, FaultConfig, MarketConfig
 from dpmarket.actors.config.scenarios import make_market_scenario
 from dpmarket.actors.config.validate import check_inputs, resolve_out
@@ -44,7 +49,7 @@ from dpmarket.actors.run.phases import (
 )
 from dpmarket.actors.run.preflight import RunPlan, plan_run
 from dpmarket.actors.run.remote import finish_remote, offer_purchase, start_remote
-from dpmarket.actors.run.report import CONSUMER_REPORT, write_outputs
+from dpmarket.actors.run.report import CONSUMER_REPORT, PUBLIC_REPORT, write_outputs
 from dpmarket.actors.run.spawn import OwnerInputs, RayMarket, spawn_market
 from dpmarket.actors.run.survivors import survivor_reports
 from dpmarket.protocol.summary.objective import mmd2
@@ -215,6 +220,8 @@ def purchase(
         return refused
     standard = standardize(config, owners, market, secure, snapshot)
     payload = summarise(config, market, plan, journal, snapshot)
+    if payload.get("refusal", {}).get("curator_lost"):  # lost too often: nothing to report
+        return payload
     payload["secure_phases"] = secure | {
         "standardize": standard,
         "refreshes": payload.pop("refreshes", []),
@@ -278,6 +285,11 @@ def run_market(
     journal_dir = out / JOURNAL_DIR
     if snapshot is None and (out / "report.json").exists():
         raise ConfigError(f"{out}: already holds a finished run (report.json); choose --out")
+    if snapshot is None and _journaled_state(journal_dir) == "done":  # never bought twice
+        raise ConfigError(
+            f"{out}: holds a finished purchase whose outputs were not written; "
+            f"`dpmarket resume {out}` writes them"
+        )
     if snapshot is None and checked is not None:  # the run reads the journaled copies
         config = stage_consumer_files(config, journal_dir)
         checked = check_inputs(config)
@@ -326,11 +338,17 @@ def market_outcome(
     """A finished purchase's outputs in ``out``: exit 3 and nothing written when it was
     refused, else the reports, summary files and the rejects per party."""
     if payload["state"] == "refused":
-        after = (
-            "nothing to resume: run again with at most T colluding or lost owners"
-            if payload.get("refusal", {}).get("before_start")
-            else f"resume with `dpmarket resume {out}` when the owners are back"
-        )
+        refusal = payload.get("refusal", {})
+        if refusal.get("curator_lost"):  # actors/run/phases.py curator_lost
+            after = (
+                f"nothing was released: run it again with --out {out}"
+                if refusal.get("before_start")
+                else f"resume with `dpmarket resume {out}` once its node is sound"
+            )
+        elif refusal.get("before_start"):
+            after = "nothing to resume: run again with at most T colluding or lost owners"
+        else:
+            after = f"resume with `dpmarket resume {out}` when the owners are back"
         return MarketOutcome(EXIT_REFUSED, f"dpmarket: {payload['reason']}; {after}", None)
     utility: dict[str, Any] = {}
     curves: dict[str, Any] = {}
@@ -381,6 +399,29 @@ def market_outcome(
     )
 
 
+def _journaled_state(journal_dir: Path) -> str | None:
+    """The state of the journal snapshot in ``journal_dir`` (None: none, or unreadable)."""
+    try:
+        state = json.loads((journal_dir / "journal.json").read_text(encoding="utf-8"))["state"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(state)
+
+
+def _finished_outcome(out: Path) -> MarketOutcome | None:
+    """A run whose outputs are all written (report.json is written last: actors/run/report.py):
+    its reports, exit 0, nothing run again; None when ``out`` holds no finished run."""
+    try:
+        public = json.loads((out / PUBLIC_REPORT).read_text(encoding="utf-8"))
+        consumer = json.loads((out / CONSUMER_REPORT).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{out}: a report of the finished run is unreadable ({exc})") from None
+    message = f"dpmarket: the run already finished; outputs in {out} (nothing run again)"
+    return MarketOutcome(EXIT_OK, message, public, consumer)
+
+
 def resume_market(
     out: Path,
     address: str | None = None,
@@ -388,8 +429,15 @@ def resume_market(
 ) -> MarketOutcome:
     """Continue a refused or crashed run from ``OUT/.journal`` (no new noise for journaled
     releases; the ledger is not charged twice), with the configuration the run journaled when
-    it started (``.journal/config.json``: its text and every ``--set``), never the file."""
+    it started (``.journal/config.json``: its text and every ``--set``), never the file.
+
+    A journal in state "done" whose outputs were never written (the driver died after the
+    curator finished, or while writing them) is resumed like any other: the restored curator
+    buys nothing and returns its result, and the outputs are written. A run whose report.json
+    exists is finished: its reports are returned with exit 0 and nothing runs again."""
     journal_dir = Path(out) / JOURNAL_DIR
+    if (finished := _finished_outcome(Path(out))) is not None:
+        return finished
     if (Path(out) / "requests.json").exists():  # [[requests]] (actors/run/requests.py)
         raise ConfigError(
             f"{out}: a run of [[requests]]: run its config again with --out {out} (the "
@@ -397,10 +445,15 @@ def resume_market(
         )
     try:
         snapshot = json.loads((journal_dir / "journal.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if (journal_dir / CONFIG_FILE).is_file():  # stopped before the curator's first snapshot
+            raise ConfigError(
+                f"{out}: the run stopped before its first journal snapshot: nothing was "
+                f"released or bought; run it again with --out {out}"
+            ) from None
+        raise ConfigError(f"{out}: no resumable journal (no {journal_dir}/journal.json)") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{out}: no resumable journal ({exc})") from None
-    if snapshot.get("state") == "done":
-        raise ConfigError(f"{out}: the journaled run already finished")
     if (snapshot.get("refusal") or {}).get("before_start"):
         raise ConfigError(f"{out}: refused in a secure-sum phase before summarising; run again")
     pool = snapshot.get("pool") or {}

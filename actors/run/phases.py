@@ -37,15 +37,17 @@ from dpmarket.protocol.summary.standardise import Standardisation, standardisati
 __all__ = [
     "MAX_CURATOR_RESTARTS",
     "SecurePrep",
+    "curator_lost",
     "prepare_secure",
     "progress",
+    "respawn_curator",
     "secure_phases",
     "standardisation_of",
     "standardize",
     "summarise",
 ]
 
-MAX_CURATOR_RESTARTS = 3  # a curator lost more often than this ends the run (exit 1)
+MAX_CURATOR_RESTARTS = 3  # a curator lost more often than this refuses the run (exit 3)
 
 
 def progress(line: str) -> None:
@@ -212,17 +214,17 @@ def secure_phases(
     gather_alive([h.warm_up.remote() for h in unique_actors(market.owners)])
     progress("secure sums: normalise and scan")
     market.compute_nodes = handles  # killed with the market
-    restarts = 0
+    restarts, session_ready = 0, False
     while True:
-        call = market.curator.secure_phases.remote(handles, market.owners, prep.plan, restarts > 0)
+        call = market.curator.secure_phases.remote(handles, market.owners, prep.plan, session_ready)
         try:
             result: dict[str, Any] = ray.get(call)
             break
         except ray.exceptions.RayActorError:
-            if journal is None or restarts >= MAX_CURATOR_RESTARTS or not journal.exists():
-                raise
-            progress("curator lost in the secure sums: resuming from its journal")
-            market.curator = market.spawn_curator(json.loads(journal.read_text(encoding="utf-8")))
+            if restarts >= MAX_CURATOR_RESTARTS:
+                return {"refused": curator_lost(restarts, journal)}
+            progress("curator lost in the secure sums: respawning it")
+            session_ready = respawn_curator(market, journal, snapshot)
             restarts += 1
     result["curator_restarts"] = restarts
     if not config.secure["refresh_every"]:  # no refresh rounds later: the nodes can go now
@@ -232,6 +234,31 @@ def secure_phases(
         market.compute_nodes = {}
     print(file=sys.stderr)
     return result
+
+
+def respawn_curator(market: RayMarket, journal: Path | None, snapshot: Any) -> bool:
+    """Replace a lost curator actor: from its journal when this run's curator wrote one, else
+    from the snapshot the run started from (a fresh curator for a fresh run). No journal
+    written by this run means the lost curator never opened a secure-sum session and released
+    nothing: nothing is charged twice and nothing is lost. True when the respawned curator
+    continues a session the owners and compute nodes already hold."""
+    current = None
+    if journal is not None and journal.exists():
+        current = json.loads(journal.read_text(encoding="utf-8"))
+    ready = current is not None and current != snapshot  # journaled by this driver's curator
+    market.curator = market.spawn_curator(current if current is not None else snapshot)
+    return ready
+
+
+def curator_lost(restarts: int, journal: Path | None) -> dict[str, Any]:
+    """The refused payload of a run whose curator actor was lost more than
+    MAX_CURATOR_RESTARTS times (exit 3; resumable when it journaled anything)."""
+    journaled = journal is not None and journal.exists()
+    return {
+        "state": "refused",
+        "reason": f"the curator actor was lost {restarts + 1} times (its node or process fails)",
+        "refusal": {"before_start": not journaled, "curator_lost": restarts + 1},
+    }
 
 
 def gather_alive(calls: list[Any]) -> list[Any]:
@@ -363,12 +390,10 @@ def summarise(
                     payload["curator_restarts"] = restarts
                     return payload
                 except ray.exceptions.RayActorError:
-                    if restarts >= MAX_CURATOR_RESTARTS or not journal.exists():
-                        raise
+                    if restarts >= MAX_CURATOR_RESTARTS:
+                        return curator_lost(restarts, journal)
                     progress("curator lost: resuming from its journal")
-                    market.curator = market.spawn_curator(
-                        json.loads(journal.read_text(encoding="utf-8"))
-                    )
+                    respawn_curator(market, journal, snapshot)
                     run_ref = market.curator.run.remote(market.owners, plan)
                     restarts += 1
                     continue
