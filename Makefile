@@ -23,8 +23,12 @@ evaluate: $(STAMP)
 
 test: $(STAMP) lint typecheck unit
 
+# two processes: the Ray tests (local Ray instances, market runs) and the rest; one process
+# for all of them grew past the machine's memory (what Ray and the runs leave behind in the
+# pytest process accumulated under the later tests)
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not ray"
+	$(BIN)/python -m pytest -q -m ray
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -129,8 +129,10 @@ def journal_config(config: MarketConfig, journal_dir: Path) -> None:
     _write(journal_dir, record)
     try:
         restored = restore_config(journal_dir, check_owner_files=False)  # just fingerprinted
-        same = _comparable(restored) == _comparable(config)
-        why = "the configuration was changed after it was parsed from its text"
+        a, b = _comparable(restored), _comparable(config)
+        differ = [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
+        same = not differ
+        why = f"the configuration was changed after it was parsed from its text: {differ}"
     except ConfigError as exc:
         same, why = False, str(exc)
     if not same:
@@ -151,7 +153,11 @@ def _write(journal_dir: Path, record: dict[str, Any]) -> None:
 
 def _comparable(config: MarketConfig) -> MarketConfig:
     """What a resume restores: the simulated faults already happened (resume drops them)."""
-    return dataclasses.replace(config, faults=FaultConfig())
+    # how it was written down (its text, --set list, path) is bookkeeping: what it says is
+    # compared field by field
+    return dataclasses.replace(
+        config, faults=FaultConfig(), text="", sets=(), path="", written_data={}
+    )
 
 
 def restore_config(journal_dir: Path, check_owner_files: bool = True) -> MarketConfig:

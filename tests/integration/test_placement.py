@@ -134,13 +134,15 @@ def test_an_owner_that_cannot_be_placed_is_said_with_what_it_asked_and_what_node
     finally:
         market.kill_all()
         ray.kill(holder)
-    assert len(said) == 1 and "not placed on any node" in said[0]
-    for text in (said[0], str(info.value)):
+    # on a loaded machine owner-1 may also be slow to start within the grace: it may be named
+    # too; what is checked is what the message says about owner-2, the one that cannot start
+    warned = [w for w in said if "owner-2 asks" in w]
+    assert warned and "not placed on any node" in warned[0]
+    for text in (warned[0], str(info.value)):
         assert "owner-2 asks" in text and "'site_b': 1.0" in text
         assert "placed resources {'site_b': 1.0}" in text
         assert two_sites["site_a"] in text and two_sites["site_b"] in text  # every alive node
         assert "free now" in text
-        assert "owner-1 asks" not in text  # started: not named
     assert "owner-2 did not start within 20 s" in str(info.value)
 
 
