@@ -266,7 +266,7 @@ class Gateway:
             self.errors.setdefault(session.party, []).append(f"protocol: {exc}")
             self._note("dropped", session.party, str(exc))
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
-            pass
+            return  # the stream ended or broke: the session closes below, its calls answer absent
         finally:
             session.close()
 

@@ -250,7 +250,7 @@ class FaultProxy:
     async def _swallow(self, conn: _Connection, reader: asyncio.StreamReader) -> None:
         with contextlib.suppress(OSError):
             while await reader.read(_CHUNK):
-                pass
+                continue  # half-open: every byte is read and dropped
         self._end(conn)
 
     async def _pump(
@@ -269,7 +269,7 @@ class FaultProxy:
                 if not conn.silenced:
                     queue.put_nowait((loop.time(), data))
         except OSError:
-            pass
+            return  # the connection was reset or closed: nothing more to forward
         queue.put_nowait((loop.time(), b""))  # end of stream: close after what is queued
 
     async def _send(
@@ -301,7 +301,7 @@ class FaultProxy:
                 else:
                     self.bytes_down += len(data)
         except OSError:
-            pass
+            return  # the connection was reset or closed: nothing more to forward
         self._end(conn)
 
     def _end(self, conn: _Connection) -> None:
