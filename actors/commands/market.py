@@ -19,7 +19,7 @@ from dpmarket.actors.studies.config import is_study_file
 if TYPE_CHECKING:
     from dpmarket.actors.run.preflight import RunPlan
 
-__all__ = ["add_market_parsers", "print_plan", "print_rejects", "print_report"]
+__all__ = ["add_market_parsers", "print_gaps", "print_plan", "print_rejects", "print_report"]
 
 
 def _ray_line(info: dict[str, Any]) -> None:
@@ -97,7 +97,9 @@ def _market(args: argparse.Namespace) -> int:
         if each.report is not None:
             print_report(each.report, each.consumer_report)
         print_rejects(each.rejects)
+        print_gaps(each.consumer_report)
     print_rejects(outcome.rejects)
+    print_gaps(outcome.consumer_report)
     print(outcome.message, file=sys.stderr if outcome.exit_code else sys.stdout)
     return outcome.exit_code
 
@@ -147,6 +149,19 @@ def print_rejects(rejects: dict[str, tuple[int, str]]) -> None:
         print("rejected records (each kept with its source and byte offset in its rejects file):")
     for party, (count, path) in rejects.items():
         print(f"  {party:<12} {count:>6}  {path}")
+
+
+def print_gaps(consumer: dict[str, Any] | None) -> None:
+    """A warning per owner whose files showed places where records may have been lost (a
+    copytruncate's unreadable bytes, a truncation regrown before a poll: tail.py "Limits")."""
+    for owner, status in ((consumer or {}).get("owners") or {}).items():
+        if status.get("ingest_gaps"):
+            print(
+                f"dpmarket: WARNING: {owner}: {status['ingest_gaps']} gap(s) in its input files "
+                "(truncated or copytruncated while written): records written there may be "
+                "missing from the purchase; none was read twice",
+                file=sys.stderr,
+            )
 
 
 def _epsilon(value: float | str | None) -> str:

@@ -77,9 +77,10 @@ Consumer's ``report.private.json`` (schema 2):
 - ``budgets``: actors/run/budgets.py's whole section: with blocks also each owner's ``spent``
   (largest block's), ``run_charged``, ``over``, ``declined`` and ``retired`` block ids.
 - ``owners``: per live owner at the end: records held, records ingested from files, rejects,
-  epochs seen, times asked, errors. Exact counts of an owner's records (no noise), and every
-  owner's asks (the auction's outcomes: a ledger charges each owner for its own ask bit, and a
-  coalition for its members' bits, not for every owner's). Operational data for whoever runs
+  gaps in its files (``ingest_gaps``), epochs seen, times asked, errors. Exact counts of an
+  owner's records (no noise), and every owner's asks (the auction's outcomes: a ledger
+  charges each owner for its own ask bit, and a coalition for its members' bits, not for
+  every owner's). Operational data for whoever runs
   the market with the consumer; never for another owner.
 - ``timings``: seconds of the harness's ``utility`` computation (simulation).
 - ``utility`` (simulation only, computed by the harness from data it generated, never by the

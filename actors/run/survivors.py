@@ -61,14 +61,21 @@ def owner_reports(
     get: Callable[[Any, float], Any] = _ray_get,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Each reachable owner's status with its ingest counters (``ingested``,
-    ``rejected_records``), and the owners that could not be asked (name -> Ray's error)."""
+    ``rejected_records``, ``ingest_gaps``: places in its files where records may have been lost,
+    streams/records/tail.py "Limits"), and the owners that could not be asked (name -> Ray's
+    error)."""
     statuses, lost = ask_owners(owners, "status", timeout, get)
     ingest, lost_ingest = ask_owners(
         {o: h for o, h in owners.items() if o in statuses}, "ingest_status", timeout, get
     )
     lost |= lost_ingest
     reports = {
-        o: statuses[o] | {"ingested": ing["records"], "rejected_records": ing["rejected"]}
+        o: statuses[o]
+        | {
+            "ingested": ing["records"],
+            "rejected_records": ing["rejected"],
+            "ingest_gaps": ing["gaps"],
+        }
         for o, ing in ingest.items()
     }
     return reports, lost

@@ -26,8 +26,13 @@ copytruncated since the poll's checks are dropped, never taken as the old genera
 
 Limits. Bytes written to a copytruncated file after the copy and before the truncation exist
 nowhere; a truncation to a non-zero length regrown past the read offset before a poll has an
-unknown cut point (reading resumes at the next line). Both count as gaps (``gaps``,
-``gap_bytes``: unread bytes known lost), reported in the owner's ingest status.
+unknown cut point (reading resumes at the next line); a file seen shorter than the read offset
+but longer than its known head (``HEAD_BYTES``) may have been cut below its new length and
+appended to before the poll: its bytes past the head cannot be told from the old ones, so it is
+read on from its new length (a record is never delivered twice) and records appended after the
+cut may be lost. Each of these counts as a gap (``gaps``; ``gap_bytes``: unread bytes known
+lost, 0 where the amount is unknown), reported in the owner's ingest status: a non-zero
+``gaps`` says records may be missing, never that records were repeated.
 
 Delivery. Each batch carries the tailer's whole state (every file's fingerprint -> offset, see
 :mod:`~dpmarket.streams.records.position`). :meth:`FileTailer.commit` (after the consumer has
@@ -265,6 +270,8 @@ class FileTailer:
             self._gens[gen.device, gen.inode] = Gen(gen.device, gen.inode, b"", 0, source=str(path))
             return self._read(self._gens[gen.device, gen.inode], fd, size, head)
         if size < gen.read_offset:  # truncated in place: read on from the new length
+            if size > len(gen.head):  # bytes past the known head: the cut may lie below the
+                self.gaps += 1  # new length, with records appended after it unread (Limits)
             self._orphan(gen)
             mark = _mark(fd, size)
             fresh = Gen(gen.device, gen.inode, head, size, mark, source=str(path), cut=True)

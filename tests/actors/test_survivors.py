@@ -46,7 +46,7 @@ def _get_with(errors: dict[str, BaseException], seen: list[float]) -> Any:
             raise errors[ref.owner]
         if ref.method == "status":
             return {"name": ref.owner, "state": "done"}
-        return {"records": 10, "rejected": 1}
+        return {"records": 10, "rejected": 1, "gaps": 2}
 
     return get
 
@@ -61,6 +61,7 @@ def test_every_dead_actor_error_is_tolerated_and_named() -> None:
         "state": "done",
         "ingested": 10,
         "rejected_records": 1,
+        "ingest_gaps": 2,
     }
     assert lost == {
         "owner-2": "ActorDiedError",
@@ -77,7 +78,11 @@ def test_an_owner_lost_between_the_two_questions_is_left_out() -> None:
     def get(ref: _Ref, timeout: float) -> dict[str, Any]:
         if ref.owner == "owner-2" and ref.method == "ingest_status":
             raise rex.ActorDiedError()
-        return {"name": ref.owner} if ref.method == "status" else {"records": 3, "rejected": 0}
+        return (
+            {"name": ref.owner}
+            if ref.method == "status"
+            else {"records": 3, "rejected": 0, "gaps": 0}
+        )
 
     reports, lost = owner_reports(owners, get=get)
     assert list(reports) == ["owner-1"] and lost == {"owner-2": "ActorDiedError"}

@@ -66,6 +66,7 @@ def test_file_market_ingests_clips_and_rejects(
     owners = consumer["owners"]
     assert owners["owner-1"]["ingested"] == len(sc.owners[0][0])
     assert owners["owner-1"]["rejected_records"] == 3
+    assert owners["owner-1"]["ingest_gaps"] == 0  # appended only: no record may be missing
     rejects = [
         json.loads(line)
         for line in next((out / ".ingest").glob("attempt-*/owner-1/rejects.jsonl")).open()

@@ -198,3 +198,18 @@ def test_add_remove_accounting_is_refused_for_private_files(
     )
     assert main(["validate", str(config)]) == 2
     assert "[summary].neighbouring: 'add_remove' refused" in capsys.readouterr().err
+
+
+def test_ingest_gaps_are_named_per_owner_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    from dpmarket.actors.commands.market import print_gaps
+
+    consumer = {
+        "owners": {
+            "owner-1": {"ingested": 10, "ingest_gaps": 0},
+            "owner-2": {"ingested": 7, "ingest_gaps": 2},
+        }
+    }
+    print_gaps(consumer)
+    print_gaps(None)  # a refused run has no consumer report
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("dpmarket: WARNING: owner-2: 2 gap(s)")

@@ -199,6 +199,29 @@ async def test_truncation_to_a_nonzero_length_reads_on_without_duplicates(tmp_pa
         append(path, lines(50, 80))
         await take(tailer, 80, sink)
     exactly_once(sink, range(80))
+    assert tailer.gaps == 0  # the cut lies within the known head: every byte before it is old
+
+
+@pytest.mark.asyncio
+async def test_truncation_regrown_before_a_poll_is_counted_as_a_gap(tmp_path: Path) -> None:
+    """Cut to a non-zero length past the known head, then appended to before the next poll:
+    the cut point cannot be told from the bytes, the appended records are not read (never
+    twice), and the ingest status says records may be missing."""
+    path, sink = tmp_path / "a.csv", list[int]()
+    path.write_bytes(lines(0, 100))
+    tailer = tail(path, tmp_path / "state")
+    async with tailer:
+        await take(tailer, 100, sink)
+        assert tailer.gaps == 0
+        os.truncate(path, len(lines(0, 60)))  # 460 bytes, past the 256-byte head
+        append(path, lines(100, 110))  # before the tailer looks again
+        tailer._scan(0.0)
+        append(path, lines(110, 130))
+        await take(tailer, 120, sink)
+        gaps = tailer.gaps
+    assert len(sink) == len(set(sink)) == 120  # no record delivered twice
+    assert set(sink) == set(range(100)) | set(range(110, 130))
+    assert gaps == 1 and load_state(tmp_path / "state").gaps == 1  # committed: survives restart
 
 
 @pytest.mark.asyncio
