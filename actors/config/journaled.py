@@ -44,6 +44,7 @@ __all__ = [
     "INPUTS_DIR",
     "journal_config",
     "restore_config",
+    "same_unreleased_start",
     "sha256_prefix",
     "stage_consumer_files",
 ]
@@ -149,6 +150,23 @@ def _write(journal_dir: Path, record: dict[str, Any]) -> None:
     temporary = journal_dir / f".{CONFIG_FILE}.tmp"
     temporary.write_text(json.dumps(record, indent=1), encoding="utf-8")
     os.replace(temporary, target)
+
+
+def same_unreleased_start(journal_dir: Path, config: MarketConfig) -> bool:
+    """Whether ``journal_dir`` holds the start of this same purchase (its journaled effective
+    configuration equals ``config``, staged) that released nothing: no curator snapshot was
+    ever written. The curator journals before its first message leaves it (the secure phases
+    journal a round before running it; the epochs' first snapshot precedes the first ask), so
+    without a snapshot nothing derived from any release was seen by anyone, and a rerun may
+    keep the purchase's ledger run: what it charged up front (the consumer's validation plan)
+    is the rerun's own charge, not paid twice (docs/guide/run-and-faults.md)."""
+    if (journal_dir / "journal.json").exists() or not (journal_dir / CONFIG_FILE).is_file():
+        return False
+    try:
+        earlier = restore_config(journal_dir, check_owner_files=False)
+    except ConfigError:  # not restorable, another version: a new purchase
+        return False
+    return _comparable(earlier) == _comparable(config)
 
 
 def _comparable(config: MarketConfig) -> MarketConfig:

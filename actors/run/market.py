@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from dpmarket.actors.config.journaled import (
     CONFIG_FILE,
     journal_config,
     restore_config,
+    same_unreleased_start,
     stage_consumer_files,
 )
 from dpmarket.actors.config.market import ConfigError, FaultConfig, MarketConfig
@@ -303,13 +305,22 @@ def run_market(
     if before_start is not None and snapshot is None:
         before_start(run_plan)
     journal_dir.mkdir(parents=True, exist_ok=True)
+    # run again into the OUT of the same purchase stopped before it released anything (the
+    # warm-up): its ledger run is kept, so its up-front charges are not paid twice
+    rerun = snapshot is None and same_unreleased_start(journal_dir, config)
+    if rerun:
+        print(
+            f"dpmarket: {out} holds the start of this purchase, stopped before any release: "
+            "its ledger run is kept (nothing charged for it is charged again)",
+            file=sys.stderr,
+        )
     if snapshot is None:  # a fresh run: no state of an earlier run in OUT may be resumed
         (journal_dir / "journal.json").unlink(missing_ok=True)  # first: then nothing to resume
         pool_file(journal_dir / "journal.json").unlink(missing_ok=True)
         (journal_dir / "config.toml").write_text(config.text, encoding="utf-8")  # for people
         (journal_dir / "config_path").write_text(str(Path(config.path).resolve()))
         journal_config(config, journal_dir)  # what resume restores (actors/config/journaled.py)
-    ledger_run = ledger_run_id(journal_dir, snapshot is None, config)
+    ledger_run = ledger_run_id(journal_dir, snapshot is None and not rerun, config)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     ray_info = connect(address)

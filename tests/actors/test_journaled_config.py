@@ -16,6 +16,7 @@ from dpmarket.actors.config.inputs import FaultConfig
 from dpmarket.actors.config.journaled import (
     journal_config,
     restore_config,
+    same_unreleased_start,
     stage_consumer_files,
 )
 from dpmarket.actors.config.market import ConfigError, MarketConfig, load_market_config
@@ -153,3 +154,25 @@ def test_owner_files_may_grow_or_rotate_but_not_change_what_was_read(tmp_path: P
     with pytest.raises(ConfigError, match=r"\[data.files\]\.owner-1: .*owner-1\.csv changed"):
         restore_config(journal)
     assert main(["resume", str(tmp_path / "out")]) == 2  # no journal.json: refused all the same
+
+
+def test_a_rerun_keeps_the_ledger_run_only_of_the_same_purchase_that_released_nothing(
+    tmp_path: Path,
+) -> None:
+    """A run stopped before the curator's first snapshot (the warm-up) and run again into the
+    same OUT with the same effective configuration keeps its ledger run (its up-front charges,
+    the consumer's validation plan, are not paid twice); a changed configuration, a journal
+    snapshot (something may have been released) or no journaled start is a new purchase."""
+    config = _files_market(tmp_path)
+    out, journal = tmp_path / "out", tmp_path / "out" / ".journal"
+    first = _journal(load_market_config(config), out)
+    assert same_unreleased_start(journal, stage_consumer_files(load_market_config(config), journal))
+    assert same_unreleased_start(journal, first)
+    changed = load_market_config(config, ["market.summary_size=5"])
+    assert not same_unreleased_start(journal, stage_consumer_files(changed, journal))
+    (tmp_path / "d" / "validation.csv").write_text(ROWS + "0.5,0.5,1\n")  # another consumer set
+    other = stage_consumer_files(load_market_config(config), journal)
+    assert not same_unreleased_start(journal, other)
+    (journal / "journal.json").write_text(json.dumps({"state": "new"}))  # a snapshot: maybe seen
+    assert not same_unreleased_start(journal, first)
+    assert not same_unreleased_start(tmp_path / "elsewhere", first)

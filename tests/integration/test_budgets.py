@@ -96,6 +96,42 @@ def test_a_consumer_over_its_cap_is_refused_before_anything_runs(tmp_path: Path)
     assert [r["state"] for r in rows] == ["charged", "declined"]
 
 
+class DriverDied(BaseException):
+    """The driver dying (not an Exception: nothing in the run may catch it)."""
+
+
+def test_a_rerun_after_a_warm_up_death_charges_the_consumer_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer pays its validation plan up front; the driver then dies before the
+    curator's first snapshot (nothing released). Running the same command again into the
+    same OUT keeps the purchase's ledger run: one validation charge in the consumer's store,
+    and every owner's store the same as for one purchase."""
+    from dpmarket.actors.run import market as market_module
+
+    config, stores, out = _config(tmp_path), tmp_path / "stores", tmp_path / "out"
+    args = ["run", str(config), "--out", str(out), *SMALL]
+
+    def die(*a: object, **k: object) -> None:
+        raise DriverDied
+
+    with monkeypatch.context() as patch:
+        patch.setattr(market_module, "secure_phases", die)  # after the consumer's charge
+        with pytest.raises(DriverDied):
+            main(args)
+    assert not (out / ".journal" / "journal.json").exists()
+    assert [r["state"] for r in read_store(stores / "consumer.sqlite")["rows"]] == ["charged"]
+    assert main(args) == 0
+    consumer = read_store(stores / "consumer.sqlite")
+    assert len(consumer["runs"]) == 1
+    assert [(r["release"].split(":")[-1], r["state"]) for r in consumer["rows"]] == [
+        ("validation", "charged")
+    ]
+    report = json.loads((out / "report.json").read_text())
+    assert report["outcome"]["state"] == "done" and report["budgets"]["errors"] == []
+    assert len(read_store(stores / "owner-1.sqlite")["runs"]) == 1
+
+
 def test_blocks_of_a_growing_stream_pay_only_for_what_reads_them(tmp_path: Path) -> None:
     """configs/stream.toml with blocks of 100 records: the first blocks (complete before the
     scan) pay normalise, scan and the summary plan but never a refresh, which reads only the
