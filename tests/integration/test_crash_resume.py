@@ -2,9 +2,10 @@
 
 A driver whose curator finished after it died (the journal says "done", no report written):
 ``resume`` writes the finished run's outputs without buying anything again, and a resume of a
-complete OUT exits 0. A curator lost before its first journal snapshot (during the owners'
-warm-up) is respawned. ``kill -9`` of the driver's process group in each phase (warm-up, the
-scan round, the epochs, after the curator finished): ``resume`` (or, before the first journal
+complete OUT exits 0 (also when it died while writing the outputs). A curator lost before its
+first journal snapshot (during the owners' warm-up) is respawned. ``kill -9`` of the driver's
+process group in each phase (warm-up, the normalise and scan rounds, early and late epochs,
+after the curator finished): ``resume`` (or, before the first journal
 snapshot, a rerun: README "Quick start" ... docs/guide/run-and-faults.md) ends with a complete
 purchase whose every party's ledger equals an uninterrupted run's.
 """
@@ -30,6 +31,7 @@ import pytest
 from dpmarket.actors.commands.main import main
 from dpmarket.actors.run import market as market_module
 from dpmarket.actors.run import phases as phases_module
+from dpmarket.actors.run import report as report_module
 from tests.integration.test_market import ROOT, SMALL
 from tests.integration.test_secure_resume import REPRO, _events, _journal, _started_by
 
@@ -68,24 +70,31 @@ class DriverDied(BaseException):
     """The driver process dying (not an Exception: nothing in the run may catch it)."""
 
 
+@pytest.mark.parametrize(
+    ("module", "where"),
+    [(market_module, "survivor_reports"), (report_module, "write_plots")],
+    ids=["after-the-curator", "writing-the-report"],
+)
 def test_resume_of_a_run_whose_curator_finished_writes_its_outputs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole: dict[str, Any]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole: dict[str, Any], module: Any, where: str
 ) -> None:
-    """The driver dies after the curator journaled "done" and before any output was written
-    (before the fix ``resume`` exited 2 "already finished" and the purchase was lost): a rerun
-    into OUT is refused, ``resume`` writes the outputs, buys nothing, and a second ``resume``
-    exits 0 untouched."""
+    """The driver dies after the curator journaled "done": right after the curator's run,
+    before any output was written (before the fix ``resume`` exited 2 "already finished" and
+    the purchase was lost), or while the outputs were written (the summary files there, the
+    reports not): a rerun into OUT is refused, ``resume`` writes the outputs, buys nothing,
+    and a second ``resume`` exits 0 untouched."""
 
     def die(*args: Any, **kwargs: Any) -> Any:
         raise DriverDied
 
     out = tmp_path / "late"
     with monkeypatch.context() as patch:
-        patch.setattr(market_module, "survivor_reports", die)  # right after the curator's run
+        patch.setattr(module, where, die)
         with pytest.raises(DriverDied):
             main(_args(out))
     assert _journal(out)["state"] == "done"
     assert not (out / "report.json").exists()
+    assert (out / "summary.csv").exists() == (where == "write_plots")
     assert main(_args(out)) == 2  # a rerun would buy it again: refused, resume named
     assert main(["resume", str(out)]) == 0
     report = _report(out)
@@ -131,13 +140,25 @@ def _epochs_begun(out: Path, text: str) -> bool:
     return snapshot.get("state") in ("bidding", "asking") and snapshot["epoch"]["number"] >= 3
 
 
+def _late_epochs(out: Path, text: str) -> bool:
+    snapshot = _journal(out)
+    return snapshot.get("state") in ("bidding", "asking") and snapshot["epoch"]["number"] >= 9
+
+
+def _round_opened(name: str) -> Callable[[Path, str], bool]:
+    def opened(out: Path, text: str) -> bool:
+        rounds = _journal(out).get("secure_phases", {}).get("rounds", {})
+        return rounds.get(name, {}).get("state") is not None
+
+    return opened
+
+
 PHASES: dict[str, Callable[[Path, str], bool]] = {
     "warm-up": lambda out, text: WARM_UP in text,
-    "scan": lambda out, text: (
-        _journal(out).get("secure_phases", {}).get("rounds", {}).get("scan", {}).get("state")
-        is not None
-    ),
+    "normalise": _round_opened("normalise"),
+    "scan": _round_opened("scan"),
     "epochs": _epochs_begun,
+    "late-epochs": _late_epochs,
     "finished": lambda out, text: _journal(out).get("state") == "done",
 }
 
