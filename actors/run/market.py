@@ -16,11 +16,8 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from dpmarket.actors.cluster.connect import connect
 from dpmarket.actors.cluster.placement import preflight_owners, require_placeable
@@ -34,14 +31,19 @@ from dpmarket.actors.config.journaled import (
 from dpmarket.actors.config.market import ConfigError, FaultConfig, MarketConfig
 from dpmarket.actors.config.scenarios import make_market_scenario
 from dpmarket.actors.config.validate import check_inputs, resolve_out
-from dpmarket.actors.harness.evaluation import svm_accuracy
 from dpmarket.actors.parties.curator import pool_file, read_pool_rows
 from dpmarket.actors.parties.faults import FaultPlan, fault_verdicts
-from dpmarket.actors.randomness import public_generator
 from dpmarket.actors.remote.handles import is_remote
 from dpmarket.actors.run.budgets import budget_report, consumer_refusal, ledger_run_id, owner_gates
-from dpmarket.actors.run.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
-from dpmarket.actors.run.outputs import mmd2_by_prefix
+from dpmarket.actors.run.ingest import file_inputs, stream_files, wait_for_ingest
+from dpmarket.actors.run.outcome import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    JOURNAL_DIR,
+    MarketInputs,
+    MarketOutcome,
+    market_outcome,
+)
 from dpmarket.actors.run.phases import (
     SecurePrep,
     prepare_secure,
@@ -51,12 +53,9 @@ from dpmarket.actors.run.phases import (
 )
 from dpmarket.actors.run.preflight import RunPlan, plan_run
 from dpmarket.actors.run.remote import finish_remote, offer_purchase, start_remote
-from dpmarket.actors.run.report import CONSUMER_REPORT, PUBLIC_REPORT, write_outputs
+from dpmarket.actors.run.report import CONSUMER_REPORT, PUBLIC_REPORT
 from dpmarket.actors.run.spawn import OwnerInputs, RayMarket, spawn_market
 from dpmarket.actors.run.survivors import survivor_reports
-from dpmarket.protocol.summary.objective import mmd2
-from dpmarket.streams.records.files import Schema
-from dpmarket.streams.synthetic import Scenario
 
 __all__ = [
     "EXIT_OK",
@@ -66,34 +65,6 @@ __all__ = [
     "resume_market",
     "run_market",
 ]
-
-EXIT_OK, EXIT_CONFIG, EXIT_REFUSED = 0, 2, 3
-JOURNAL_DIR = ".journal"
-
-
-@dataclass
-class MarketOutcome:
-    exit_code: int
-    message: str
-    report: dict[str, Any] | None  # the public report.json
-    consumer_report: dict[str, Any] | None = None  # report.private.json (actors/run/report.py)
-    # party -> (records rejected, its rejects file) for every party that read files
-    rejects: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
-    requests: dict[str, MarketOutcome] = dataclasses.field(default_factory=dict)  # [[requests]]
-
-
-@dataclass
-class MarketInputs:
-    """What the run starts from, by data source."""
-
-    owners: OwnerInputs
-    gamma: float
-    scenario: Scenario | None = None  # simulation only: the harness keeps the test set
-    schema: Schema | None = None
-    files: dict[str, list[str]] | None = None
-    writer: StreamWriter | None = None
-    headers: tuple[str, ...] = ()  # CSV input files whose first line is a header
-    consumer_rejects: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def market_inputs(
@@ -237,33 +208,6 @@ def purchase(
     return payload
 
 
-def _utility(
-    scenario: Scenario, payload: dict[str, Any], config: MarketConfig
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Harness-side utility of the summary against exact greedy and uniform (simulation only)."""
-    from dpmarket.actors.harness.inprocess import baselines
-
-    p, gamma = len(payload["provenance"]), scenario.gamma
-    if payload["points"] is None or p == 0:
-        return {}, {}
-    base = baselines(scenario, p, 140, gamma, config.seed, public_generator(config.seed + 1))
-    test_y = scenario.test_y.astype(np.float64)
-    methods = {
-        "private": (payload["points"], payload["labels"]),
-        "greedy": base.greedy,
-        "uniform": base.uniform,
-    }
-    utility = {
-        name: {
-            "mmd2": mmd2(X, scenario.test_X, gamma),
-            "svm_accuracy": svm_accuracy(X, y, scenario.test_X, test_y),
-        }
-        for name, (X, y) in methods.items()
-    }
-    curves = {name: mmd2_by_prefix(X, scenario.test_X, gamma) for name, (X, _) in methods.items()}
-    return utility, curves
-
-
 def run_market(
     config: MarketConfig,
     out: Path | None = None,
@@ -335,79 +279,6 @@ def run_market(
     if isinstance(payload, dict) and "run_seconds" in payload:
         timings["summarise"] = float(payload["run_seconds"])  # the curator's run: the epochs
     return market_outcome(config, out, inputs, payload, ray_info, timings, attempt_dir)
-
-
-def market_outcome(
-    config: MarketConfig,
-    out: Path,
-    inputs: MarketInputs,
-    payload: Any,
-    ray_info: dict[str, Any],
-    timings: dict[str, float],
-    attempt_dir: Path,
-) -> MarketOutcome:
-    """A finished purchase's outputs in ``out``: exit 3 and nothing written when it was
-    refused, else the reports, summary files and the rejects per party."""
-    if payload["state"] == "refused":
-        refusal = payload.get("refusal", {})
-        if refusal.get("curator_lost"):  # actors/run/phases.py curator_lost
-            after = (
-                f"nothing was released: run it again with --out {out}"
-                if refusal.get("before_start")
-                else f"resume with `dpmarket resume {out}` once its node is sound"
-            )
-        elif refusal.get("before_start"):
-            after = "nothing to resume: run again with at most T colluding or lost owners"
-        else:
-            after = f"resume with `dpmarket resume {out}` when the owners are back"
-        return MarketOutcome(EXIT_REFUSED, f"dpmarket: {payload['reason']}; {after}", None)
-    utility: dict[str, Any] = {}
-    curves: dict[str, Any] = {}
-    if inputs.scenario is not None:
-        tick = time.perf_counter()
-        utility, curves = _utility(inputs.scenario, payload, config)
-        timings["utility"] = time.perf_counter() - tick
-    run = config.public_record() | {
-        "noise": config.noise.describe(),
-        "validation_size": len(inputs.owners.validation),
-        "ray": {"address": ray_info["address"]},
-        "gamma": inputs.gamma,
-    }
-    reports = write_outputs(
-        out,
-        run,
-        payload,
-        config.delta,
-        config.faults.colluders,
-        timings,
-        utility or None,
-        curves,
-    )
-    files = inputs.files or {}
-    rejects = {  # one rejects file per input (rejects.jsonl, then rejects-KEY.jsonl)
-        o: (
-            int(st["rejected_records"]),
-            str(
-                attempt_dir
-                / o
-                / ("rejects*.jsonl" if len(files.get(o, [])) > 1 else "rejects.jsonl")
-            ),
-        )
-        for o, st in payload["owners"].items()
-        if inputs.files is not None and o in inputs.files  # a remote owner's are its own
-    }
-    rejects |= {
-        key: (n, str(attempt_dir / key / "rejects.jsonl"))
-        for key, n in inputs.consumer_rejects.items()
-    }
-    return MarketOutcome(
-        EXIT_OK,
-        f"dpmarket: run complete, outputs in {out} (report.json public; "
-        f"{CONSUMER_REPORT} and summary.* the consumer's)",
-        reports.public,
-        reports.consumer,
-        rejects,
-    )
 
 
 def _journaled_state(journal_dir: Path) -> str | None:

@@ -47,15 +47,14 @@ from dpmarket.actors.parties.faults import FaultPlan
 from dpmarket.actors.remote.handles import is_remote
 from dpmarket.actors.run.budgets import consumer_refusal, ledger_run_id, owner_gates
 from dpmarket.actors.run.ingest import file_inputs, wait_for_ingest
-from dpmarket.actors.run.market import (
+from dpmarket.actors.run.market import market_inputs, purchase
+from dpmarket.actors.run.outcome import (
     EXIT_OK,
     EXIT_REFUSED,
     JOURNAL_DIR,
     MarketInputs,
     MarketOutcome,
-    market_inputs,
     market_outcome,
-    purchase,
 )
 from dpmarket.actors.run.phases import gather_alive, prepare_secure
 from dpmarket.actors.run.preflight import RunPlan, plan_run
