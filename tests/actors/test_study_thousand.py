@@ -103,3 +103,56 @@ def test_completion_at_1024_owners_agrees_with_the_closed_form(tmp_path: Path) -
     # the verdict is the count's: a trial completes iff at most T owners dropped
     for r in results:
         assert (r["verdict"] == "completed") == (len(r["faults"]["drops"]) <= T)
+
+
+def test_study_transport_delivers_what_the_loopback_does() -> None:
+    """The trial's transport (only the curator ticked) and the loopback transport (every party
+    ticked) run the same faulty market to the same result, frame for frame; at every frame the
+    curator's counted check of an epoch's answers agrees with the waiting set it replaces."""
+    import numpy as np
+
+    from dpmarket.actors.parties.transport import FaultPlan, LoopbackTransport
+    from dpmarket.actors.studies.trial import StudyTransport
+    from dpmarket.protocol.summary.curator import Curator
+    from dpmarket.protocol.summary.owner import Owner
+    from dpmarket.protocol.wire.codec import Message
+    from tests.small import small_params, small_scenario
+
+    scenario = small_scenario(5)
+    names = list(scenario.owner_names)
+    checked = []
+
+    class Checked(Curator):
+        def receive(self, msg: Message) -> list[Message]:
+            out = super().receive(msg)
+            if self.state in ("bidding", "asking"):
+                checked.append(self._all_answered() == (not self._waiting()))
+            return out
+
+    def run(kind: type[LoopbackTransport]) -> tuple[object, ...]:
+        params = small_params(scenario, max_lost=2, phase_timeout=2.0)
+        curator = Checked(
+            "t", names, scenario.validation, scenario.seed_set, params, np.random.default_rng(1)
+        )
+        owners = [
+            Owner(n, "t", X, y, rng=np.random.default_rng(i))
+            for i, (n, (X, y)) in enumerate(zip(names, scenario.owners, strict=True))
+        ]
+        plan = FaultPlan(kill_at={names[0]: 3}, delay={names[1]: 4.0})
+        if kind is StudyTransport:
+            transport: LoopbackTransport = StudyTransport([curator, *owners], plan, ["curator"])
+        else:
+            transport = LoopbackTransport([curator, *owners], plan)
+        transport.send(curator.start())
+        transport.run_until(lambda: curator.state in ("done", "refused"))
+        result = curator.result()
+        return (
+            curator.state, dict(curator.lost), curator.dropped, result.epochs,
+            [(p.owner, p.token) for p in result.provenance], transport.now,
+            transport.frames_sent, transport.bytes_sent,
+        )  # fmt: skip
+
+    study, loopback = run(StudyTransport), run(LoopbackTransport)
+    assert study == loopback
+    assert study[0] == "done" and set(study[1]) == {names[0], names[1]}  # both faults counted
+    assert checked and all(checked)
