@@ -172,6 +172,7 @@ def write_study(study: StudyConfig, results: list[dict[str, Any]], out: Path) ->
         "trial_seconds": {  # wall time per trial (not in the table: it varies between runs)
             "mean": _stat([r["seconds"] for r in results], "mean"),
             "max": _stat([r["seconds"] for r in results], "max"),
+            "cpu_mean": _stat([r.get("cpu_seconds") for r in results], "mean"),  # older: none
         },
         "files": files,
     }
