@@ -107,7 +107,7 @@ def _fmt(value: Any, digits: int = 3) -> str:
 def _print_table(table: list[dict[str, Any]]) -> None:
     print(
         f"{'cell':<46} {'n':>5} {'P(done)':>8} {'95% CI':>15} {'epochs':>7} {'gap':>6} "
-        f"{'eps':>6} {'eps|c':>6} {'T used':>7}"
+        f"{'eps':>6} {'eps|c':>6} {'T used':>7} {'closed form':>13}"
     )
     for r in table:
         ci = f"[{r['p_low']:.3f},{r['p_high']:.3f}]"
@@ -115,5 +115,12 @@ def _print_table(table: list[dict[str, Any]]) -> None:
             f"{r['cell']:<46} {r['trials']:>5} {_fmt(r['p_complete']):>8} {ci:>15} "
             f"{_fmt(r['epochs_mean']):>7} {_fmt(r['gap_closed_mean'], 2):>6} "
             f"{_fmt(r['eps_max']):>6} {_fmt(r['eps_coalition_max']):>6} "
-            f"{_fmt(r['t_used_mean'], 2):>4}/{r['tolerance']}"
+            f"{_fmt(r['t_used_mean'], 2):>4}/{r['tolerance']} {_closed(r):>13}"
         )
+
+
+def _closed(row: dict[str, Any]) -> str:
+    """The closed-form completion probability, or its bounds (no closed form: closedform.py)."""
+    if row["p_closed_form"] is not None:
+        return f"{row['p_closed_form']:.3f}"
+    return f"[{row['p_bound_low']:.2f},{row['p_bound_high']:.2f}]"

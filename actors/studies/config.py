@@ -191,6 +191,15 @@ def _timing(path: str, table: object) -> tuple[dict[str, float], tuple[int, int]
     return {p: w / total for p, w in weights.items()}, (int(rng[0]), int(rng[1]))
 
 
+def _grouping(base: MarketConfig, owners: int) -> list[str]:
+    """A cell with more owners than the base's grouping fits in ``MAX_OWNER_ACTORS`` owner
+    actors gets the smallest ``owners_per_actor`` that fits: a trial runs no actor, and only
+    ``--actors`` replays (real markets) group owners by it; other cells keep the base's."""
+    if -(-owners // base.owners_per_actor) <= checks.MAX_OWNER_ACTORS:
+        return []
+    return [f"market.owners_per_actor={-(-owners // checks.MAX_OWNER_ACTORS)}"]
+
+
 def load_study(path: str | Path, trials: int | None = None) -> StudyConfig:
     """Parse and check a study file and every cell's market config; ``trials`` overrides
     ``[study].trials`` (the command's ``--trials``)."""
@@ -255,6 +264,7 @@ def load_study(path: str | Path, trials: int | None = None) -> StudyConfig:
         cell_sets = [
             *sets, *clear, f"market.owners={cell.owners}",
             f"market.tolerance={cell.tolerance}", f"market.compute_nodes={cell.compute_nodes}",
+            *_grouping(base, cell.owners),
         ]  # fmt: skip
         try:
             config = load_market_config(base_path, cell_sets)

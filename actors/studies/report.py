@@ -7,9 +7,11 @@ refusals by phase (normalise, scan, epochs) and the refusal epochs' median; epoc
 completion (mean, median, 90th percentile); ``gap_closed`` (0 = uniform, 1 = exact greedy, mean
 over completed trials) and MMD^2; points accessed (mean); the honest owners' epsilon from the
 ledger and against the coalition (max over trials of the per-trial max, and the median); the
-T used (mean, max) against T. ``study.json`` holds the rows, the study's settings, each
-cell's refusals by epoch and, per
-combination of the other axes, the smallest T whose interval's lower end reaches 0.99 (and the
+T used (mean, max) against T; the completion probability in closed form where the trial's
+model has one (``p_closed_form``; ``actors/studies/closedform.py``), else None with the bounds
+``p_bound_low`` .. ``p_bound_high`` and why (``closed_form_note``). ``study.json`` holds
+the rows, the study's settings, each cell's refusals by epoch and, per combination of the
+other axes, the smallest T whose interval's lower end reaches 0.99 (and the
 smallest whose estimate does). ``study.parquet`` holds the same table as ``study.csv``, typed
 (pyarrow).
 """
@@ -24,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from dpmarket.actors.studies.closedform import completion_form
 from dpmarket.actors.studies.config import Cell, StudyConfig
 from dpmarket.actors.studies.intervals import clopper_pearson, wilson
 from dpmarket.actors.studies.plots import write_plots
@@ -88,7 +91,16 @@ def summarise(study: StudyConfig, results: list[dict[str, Any]]) -> list[dict[st
     for cell in study.cells:
         trials = by_cell.get(cell.key, {})
         rows = [trials[t] for t in sorted(trials) if t < study.trials]
-        table.append(_row(cell, rows))
+        row = _row(cell, rows)
+        deadline = study.configs[cell.key].deadline_seconds
+        form = completion_form(cell, study.timing, study.epoch_range, deadline)
+        row |= {
+            "p_closed_form": form.high if form.exact else None,
+            "p_bound_low": form.low,
+            "p_bound_high": form.high,
+            "closed_form_note": form.why,
+        }
+        table.append(row)
     return table
 
 
@@ -160,6 +172,7 @@ def write_study(study: StudyConfig, results: list[dict[str, Any]], out: Path) ->
         "trial_seconds": {  # wall time per trial (not in the table: it varies between runs)
             "mean": _stat([r["seconds"] for r in results], "mean"),
             "max": _stat([r["seconds"] for r in results], "max"),
+            "cpu_mean": _stat([r.get("cpu_seconds") for r in results], "mean"),  # older: none
         },
         "files": files,
     }

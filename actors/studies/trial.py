@@ -22,7 +22,8 @@ greedy (1) at the same size, ``points_accessed`` (distinct points the curator sa
 coalition pools its members' auction bits, c per epoch, and knows its own secure-sum noise,
 so each secure sum protects an honest owner only with the noise of the honest owners whose
 contribution was included, less one curious owner, Theorem 1's count: sigma_client *
-sqrt(honest included - 1), which is at least the plan's sigma while lost + colluding <= T).
+sqrt(honest included - 1), which is at least the plan's sigma while lost + colluding <= T),
+and the trial's ``seconds`` (wall) and ``cpu_seconds`` (this process's CPU time).
 """
 
 from __future__ import annotations
@@ -67,6 +68,23 @@ __all__ = [
 ]
 
 F64 = npt.NDArray[np.float64]
+
+
+class StudyTransport(LoopbackTransport):
+    """The loopback transport with the clock given only to the parties that keep deadlines (a
+    trial's curator): an owner has none (``Owner.expire`` returns nothing), and ticking K
+    owners after every frame made a trial's summary phase grow as K^2 (K frames per epoch,
+    each followed by K + 1 ticks). What is delivered, and when, is the same frame for frame."""
+
+    def __init__(self, parties: list[Any], faults: FaultPlan, clocked: list[str]) -> None:
+        super().__init__(parties, faults)
+        self.clocked = [self.parties[name] for name in clocked]
+
+    def tick(self) -> None:
+        for party in self.clocked:
+            out = party.expire(self.now)
+            if out:
+                self.send(out)
 
 
 @dataclass(frozen=True)
@@ -301,7 +319,7 @@ def run_trial(
 ) -> dict[str, Any]:
     """Run one trial (module docstring); ``draw`` replays given faults instead of drawing;
     ``scenario`` replaces the config's simulated data (a benchmark's own split)."""
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     if vary_data:
         config = dataclasses.replace(config, seed=seed % (2**31))
     if scenario is None:
@@ -325,10 +343,11 @@ def run_trial(
         noise.generator("curator"),
     )  # fmt: skip
     secure = trial_secure_phases(config, scenario, curator, draw, noise)
-    transport = None
+    transport: StudyTransport | None = None
     if secure.refused is None:
         kill = {o: (0 if phase != "epochs" else epoch) for o, (phase, epoch) in draw.drops.items()}
-        transport = LoopbackTransport([curator, *owners.values()], FaultPlan(kill, draw.slow))
+        plan = FaultPlan(kill, draw.slow)
+        transport = StudyTransport([curator, *owners.values()], plan, [curator.name])
         transport.send(curator.start())
         transport.run_until(lambda: curator.state in ("done", "refused"))
     done = curator.state == "done"
@@ -354,4 +373,5 @@ def run_trial(
     out |= _epsilons(curator, config, draw, secure)
     out |= _utility(scenario, result.points if done else None, seed)
     out["seconds"] = time.perf_counter() - started
+    out["cpu_seconds"] = time.process_time() - cpu  # this process's CPU: noisy less than wall
     return out

@@ -79,6 +79,7 @@ class Curator(EpochCycle):
         if len(set(owners)) != len(owners) or not owners or CURATOR in owners:
             raise ValueError(f"owners: expected distinct names other than 'curator': {owners}")
         self.name, self.run, self.params, self.owners = CURATOR, run, params, list(owners)
+        self._owner_set = frozenset(owners)  # a frame's sender checked in O(1), not O(K)
         self._rng = rng
         self._out = Outbox(run, CURATOR)
         self._V, self._D0 = V, D0
@@ -191,7 +192,7 @@ class Curator(EpochCycle):
 
     # ------------------------------------------------------------------------- interface
     def receive(self, msg: Message) -> list[Message]:
-        if msg.sender not in self.owners:
+        if msg.sender not in self._owner_set:
             raise RemoteProtocolError(f"from: {msg.sender!r} is not an owner of this run")
         if msg.sender not in self.live or self._is_late(msg):
             self.late_frames += 1

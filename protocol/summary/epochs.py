@@ -137,18 +137,31 @@ class EpochCycle(AllocationCycle):
             return self.live - set(ep.bids) - ep.passed
         return (ep.asked - ep.answered) & self.live
 
+    def _all_answered(self) -> bool:
+        """``not self._waiting()``, settled by counting while answers are short: each of an
+        epoch's K answers asked for the waiting set (O(K)), so an epoch cost O(K^2). Sound
+        without any invariant: answers (bids + passes; asks - deliveries) fewer than the live
+        owners (more than the lost ones) leave a live owner waited for."""
+        ep = self.epoch
+        if self.state == "bidding":
+            if len(ep.bids) + len(ep.passed) < len(self.live):
+                return False
+        elif len(ep.asked) - len(ep.answered) > len(self.owners) - len(self.live):
+            return False
+        return not self._waiting()
+
     def _on_bid(self, msg: Message) -> list[Message]:
         body = body_of(msg, BidBody)
         if msg.sender in self.epoch.bids or msg.sender in self.epoch.passed:
             raise RemoteProtocolError(f"summary.bid: {msg.sender} already answered this epoch")
         self.epoch.bids[msg.sender] = body
-        return self._close_bidding() if not self._waiting() else []
+        return self._close_bidding() if self._all_answered() else []
 
     def _on_pass(self, msg: Message) -> list[Message]:
         if msg.sender in self.epoch.bids or msg.sender in self.epoch.passed:
             raise RemoteProtocolError(f"summary.pass: {msg.sender} already answered this epoch")
         self.epoch.passed.add(msg.sender)
-        return self._close_bidding() if not self._waiting() else []
+        return self._close_bidding() if self._all_answered() else []
 
     def _on_profile(self, msg: Message) -> list[Message]:
         body = body_of(msg, ProfileBody)
@@ -158,7 +171,7 @@ class EpochCycle(AllocationCycle):
             raise RemoteProtocolError(f"summary.profile: {msg.sender} already answered")
         self._take_profile(msg.sender, body.mean, body.records)
         self.epoch.passed.add(msg.sender)
-        return self._close_bidding() if not self._waiting() else []
+        return self._close_bidding() if self._all_answered() else []
 
     def _on_count(self, msg: Message) -> list[Message]:
         body = body_of(msg, CountBody)
@@ -168,7 +181,7 @@ class EpochCycle(AllocationCycle):
             raise RemoteProtocolError(f"summary.count: {msg.sender} already answered")
         self._take_count(msg.sender, body.records)
         self.epoch.passed.add(msg.sender)
-        return self._close_bidding() if not self._waiting() else []
+        return self._close_bidding() if self._all_answered() else []
 
     def _close_bidding(self) -> list[Message]:
         ep, p = self.epoch, self.params
@@ -232,7 +245,7 @@ class EpochCycle(AllocationCycle):
             self.rejected.append((ep.number, owner, why))
         else:
             ep.verified[owner] = (ep.bids[owner].bid, body)
-        return self._close_asking() if not self._waiting() else []
+        return self._close_asking() if self._all_answered() else []
 
     def _verify(self, owner: str, body: DeliverBody) -> str:
         """Empty string if the delivered point matches its bid, else why it does not."""
