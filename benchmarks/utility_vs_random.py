@@ -213,11 +213,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 )  # fmt: skip
                 cells = [(min(math.ceil(f * p), len(X)), m) for f in args.factors
                          for m in mechanisms if m != "default"]  # fmt: skip
-                if "default" in mechanisms:  # cap 0: unbounded; random-select at its points
-                    cells += [(0, "default"), (0, "random-select")]
+                if "default" in mechanisms:  # cap 0: unbounded; the others at its points
+                    hedges = [m for m in mechanisms if m.startswith("hedge-select@")]
+                    cells += [(0, m) for m in ("default", "random-select", *hedges)]
                 accessed = 0
                 for cap, mech in cells:
-                    bought = accessed if cap == 0 and mech == "random-select" else cap
+                    bought = accessed if cap == 0 and mech != "default" else cap
                     params = params_of(mech, sc, p, bought, seed, args)
                     draws = args.draws if mech == "random-select" else 1
                     got = []  # random-select: its own coins drawn afresh, --draws times
@@ -233,8 +234,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     key = (name, p, cap, mech)
                     gaps.setdefault(key, []).append(float(np.mean(got)))
                     info = meta.setdefault(key, {"accessed": [], "eps": [], "draw_var": []})
-                    accessed = res.transfers.distinct_points
-                    info["accessed"].append(accessed)
+                    info["accessed"].append(res.transfers.distinct_points)
+                    if mech == "default":  # what the others buy at cap 0
+                        accessed = res.transfers.distinct_points
                     info["eps"].append(max(res.ledgers[o].epsilon(1e-5) for o in sc.owner_names))
                     info["draw_var"].append(float(np.var(got)))
     rows = []
