@@ -18,8 +18,14 @@ enforces the budget):
    none above ``n_i`` (:func:`quotas`). With ``allocation_floor`` f > 0, a share f of the
    weights goes to the owners in proportion to their counts n_i first (:func:`floored_weights`):
    an owner whose noisy release hides the records the consumer wants keeps about f n_i / N of
-   the budget and herds its best points toward g_tilde (issue 30, the wine failure).
-3. *Local herding*: in every later epoch the curator sends owner i (and only owner i) the exact
+   the budget and herds its best points toward g_tilde (issue 30, the wine failure). With
+   ``random_share`` s > 0 (the hedge; the plan's default :data:`RANDOM_SHARE`), round(s
+   max_points) points are split first as random-select splits its budget (random_select.py
+   :func:`~.random_select.hedge_split`: quotas from the counts by the curator's coins) and the
+   weights split only the rest, each owner capped at its records left.
+3. *Random draws, then local herding*: an owner with a random quota first delivers that many
+   records drawn uniformly by its secret key (``EpochBody.explore``, as random-select's owners
+   do). Then, in every later epoch the curator sends owner i (and only owner i) the exact
    mean of h1 over the points owner i has delivered so far and their count q_i; owner i bids by
    the usual rule ``h1(x) . (g_tilde - q_i/(q_i+1) g_i)``, i.e. kernel herding of its own
    points toward g_tilde, and is asked while its quota lasts (no auction). The curator's exact
@@ -40,8 +46,11 @@ refuses allocate-select with it):
 * The quotas, and hence every later ask, are post-processing of the profiles and of g_tilde
   (the re-noising draws are public randomness): no further charge to any party. The floor
   (``allocation_floor``) is a function of the counts n_i, fixed under replace-one: it spends
-  nothing, so nothing is charged for it. No auction
-  runs (nothing charged per epoch).
+  nothing, so nothing is charged for it. The hedge's random quotas are a function of the same
+  counts and of the curator's coins, and the records an owner draws for them a function of its
+  own secret key: nothing about another owner's records, so nothing is charged for them either
+  (random_select.py; a test finds the ledgers of a hedged run equal to an unhedged one's). No
+  auction runs (nothing charged per epoch).
 * What owner i receives in a herding epoch (g_i, q_i, being asked) is a function of its own
   delivered points and of the quotas: nothing about another owner beyond the quotas
   (tests/protocol/summary/test_allocate.py holds one owner's profile fixed, changes its

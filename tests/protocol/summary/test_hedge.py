@@ -18,6 +18,7 @@ from dpmarket.protocol.summary.messages import EpochBody
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.summary.params import CuratorParams, ParamError
 from dpmarket.protocol.summary.random_select import hedge_split
+from dpmarket.protocol.summary.snr import STEER_MIN_SNR, ReleaseCheck, recommend_mechanism
 from dpmarket.streams.synthetic import Scenario
 from tests.small import small_curator, small_params, small_scenario
 
@@ -133,3 +134,23 @@ def test_a_random_share_needs_allocate_select() -> None:
         CuratorParams(p=5, **plan_allocation(1.0, 1e-5, 5, random_share=1.5))
     params = CuratorParams(p=5, **plan_allocation(1.0, 1e-5, 5, random_share=0.5))
     assert params.mechanism == "allocate-select" and params.random_share == 0.5
+
+
+def _check(snr: float | None) -> ReleaseCheck:
+    signal, noise = (None, None) if snr is None else (snr, 1.0)
+    return ReleaseCheck("validation", "validation set", signal, noise, 3.0, 1e-5, "g_tilde")
+
+
+def test_the_plan_recommends_by_budget_and_snr() -> None:
+    """RESULTS.md "utility_vs_random": the hedged allocate-select ahead at a tight budget from
+    SNR 0.45 on; random-select as good from 3 p on, and below the SNRs measured."""
+    tight = CuratorParams(p=20, **plan_allocation(1.0, 1e-5, 20))  # 30 points = 1.5 p
+    assert recommend_mechanism(tight, _check(0.5), 4)[0] == "allocate-select"
+    assert recommend_mechanism(tight, _check(None), 4)[0] == "allocate-select"  # MWEM
+    low, why = recommend_mechanism(tight, _check(STEER_MIN_SNR / 2), 4)
+    assert low == "random-select" and "SNR" in why
+    wide = CuratorParams(p=20, **plan_allocation(1.0, 1e-5, 20, 60))  # 3 p
+    assert recommend_mechanism(wide, _check(0.9), 4)[0] == "random-select"
+    unbounded = CuratorParams(p=20)  # herding-select accesses about (K + 1) p = 5 p
+    name, why = recommend_mechanism(unbounded, _check(0.9), 4)
+    assert name == "random-select" and "100 points" in why
