@@ -10,17 +10,15 @@ import json
 import numpy as np
 import pytest
 
-from dpmarket.actors.parties.transport import LoopbackTransport
 from dpmarket.protocol.summary.allocate import plan_allocation
 from dpmarket.protocol.summary.curator import Curator
 from dpmarket.protocol.summary.journal import restore_curator, snapshot_curator
 from dpmarket.protocol.summary.messages import EpochBody
-from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.summary.params import CuratorParams, ParamError
 from dpmarket.protocol.summary.random_select import hedge_split
 from dpmarket.protocol.summary.snr import STEER_MIN_SNR, ReleaseCheck, recommend_mechanism
 from dpmarket.streams.synthetic import Scenario
-from tests.small import small_curator, small_params, small_scenario
+from tests.small import run_small, small_curator, small_params, small_scenario
 
 RUN = "hedge-run"
 BUDGET = 16
@@ -52,15 +50,7 @@ def _hedged(
         return body
 
     curator._epoch_body = spy  # type: ignore[method-assign]
-    owners = [
-        Owner(
-            n, RUN, X, y, rng=np.random.default_rng([seed, i]), profile_floor=params.profile_floor
-        )
-        for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True))
-    ]
-    transport = LoopbackTransport([curator, *owners])
-    transport.send(curator.start())
-    transport.run_until(lambda: curator.done)
+    run_small(RUN, scenario, curator, seed)
     return curator, opened
 
 
