@@ -174,7 +174,8 @@ def params_of(
     if mech == "random-select":
         return dataclasses.replace(base, **plan_random_select(p, cap))
     if mech.startswith("hedge-select@"):
-        share = float(mech.split("@")[1])
+        text = mech.split("@")[1]
+        share = None if text == "auto" else float(text)  # auto: the budget beyond p
         plan = plan_allocation(1.0, 1e-5, p, cap, floor=0.0, random_share=share)
         return dataclasses.replace(base, **plan)
     if mech.startswith("allocate"):
@@ -186,11 +187,18 @@ def params_of(
     return dataclasses.replace(base, max_points=cap, n_candidates=args.candidates)
 
 
-def expand(mechanisms: list[str], shares: list[float]) -> list[str]:
+def _share(text: str) -> float | None:
+    return None if text == "auto" else float(text)
+
+
+def expand(mechanisms: list[str], shares: list[float | None]) -> list[str]:
     """The mechanisms to run, each hedge share its own label."""
     out: list[str] = []
     for mech in mechanisms:
-        out += [f"hedge-select@{s:g}" for s in shares] if mech == "hedge-select" else [mech]
+        if mech != "hedge-select":
+            out.append(mech)
+            continue
+        out += [f"hedge-select@{'auto' if s is None else f'{s:g}'}" for s in shares]
     return out
 
 
@@ -289,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--factors", nargs="+", type=float, default=[1.5, 3.0])
     parser.add_argument("--floor", type=float, default=ALLOCATION_FLOOR or 0.3,
                         help="allocation_floor of allocate-floor-select")  # fmt: skip
-    parser.add_argument("--shares", nargs="+", type=float, default=[RANDOM_SHARE or 0.5],
-                        help="random_share of hedge-select (one row each)")  # fmt: skip
+    parser.add_argument("--shares", nargs="+", type=_share, default=[RANDOM_SHARE],
+                        help="random_share of hedge-select (one row each); 'auto': the budget "
+                        "beyond p, (max_points - p) / max_points")  # fmt: skip
     parser.add_argument(
         "--draws",
         type=int,
@@ -303,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.draws < 1 or args.candidates < 1:
         parser.error(f"--draws and --candidates must be >= 1, got {args.draws}, {args.candidates}")
-    if not all(0 <= s <= 1 for s in args.shares):
+    if not all(s is None or 0 <= s <= 1 for s in args.shares):
         parser.error(f"--shares must lie in [0, 1], got {args.shares}")
     start = time.perf_counter()
     rows = run(args)

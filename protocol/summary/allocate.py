@@ -312,7 +312,7 @@ def plan_allocation(
     max_points: int | None = None,
     rule: str = "histogram",
     floor: float = ALLOCATION_FLOOR,
-    random_share: float = RANDOM_SHARE,
+    random_share: float | None = RANDOM_SHARE,
 ) -> dict[str, Any]:
     """CuratorParams overrides of allocate-select on top of a herding plan (plan.py); ``rule``
     "histogram" (allocate_rank.py, g_tilde centred on the seed mean) or "mixture".
@@ -321,7 +321,9 @@ def plan_allocation(
     spends ``eps_owner`` at ``delta`` (analytic Gaussian, a 1e-4 margin for the PLD's
     round-off); ``max_points`` defaults to ``ceil(1.5 p)``, and the epoch limit lets one owner
     deliver the whole budget; ``floor`` is ``allocation_floor`` (:func:`floored_weights`);
-    ``random_share`` the hedge's random share (random_select.py :func:`hedge_split`).
+    ``random_share`` the hedge's random share (random_select.py :func:`hedge_split`); None:
+    the budget beyond p, ``(max_points - p) / max_points`` (the steered part can still hold a
+    whole summary, the rest is bought at random).
     """
     budget = math.ceil(1.5 * p) if max_points is None else int(max_points)
     if budget < p:
@@ -333,7 +335,7 @@ def plan_allocation(
         "allocation_sigma": gaussian_noise_multiplier(eps_owner * (1.0 - 1e-4), delta),
         "max_points": budget,
         "allocation_floor": floor,
-        "random_share": random_share,
+        "random_share": (budget - p) / budget if random_share is None else random_share,
         "final_selection": "exact",
         "explore_share": 0.0,
         "max_epochs": budget + 10,  # one owner may hold the whole budget, one point per epoch

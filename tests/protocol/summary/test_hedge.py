@@ -124,6 +124,11 @@ def test_a_random_share_needs_allocate_select() -> None:
         CuratorParams(p=5, **plan_allocation(1.0, 1e-5, 5, random_share=1.5))
     params = CuratorParams(p=5, **plan_allocation(1.0, 1e-5, 5, random_share=0.5))
     assert params.mechanism == "allocate-select" and params.random_share == 0.5
+    # None: the budget beyond p is bought at random, p points are steered
+    assert plan_allocation(1.0, 1e-5, 20, 30, random_share=None)["random_share"] == 1 / 3
+    assert plan_allocation(1.0, 1e-5, 20, 20, random_share=None)["random_share"] == 0
+    drawn, steered, _ = hedge_split({"a": 100, "b": 100}, 30, 1 / 3, np.random.default_rng(0))
+    assert sum(drawn.values()) == 10 and steered == 20
 
 
 def _check(snr: float | None) -> ReleaseCheck:
