@@ -19,10 +19,10 @@ enforces the budget):
    weights goes to the owners in proportion to their counts n_i first (:func:`floored_weights`):
    an owner whose noisy release hides the records the consumer wants keeps about f n_i / N of
    the budget and herds its best points toward g_tilde (issue 30, the wine failure). With
-   ``random_share`` s > 0 (the hedge; the plan's default :data:`RANDOM_SHARE`), round(s
-   max_points) points are split first as random-select splits its budget (random_select.py
-   :func:`~.random_select.hedge_split`: quotas from the counts by the curator's coins) and the
-   weights split only the rest, each owner capped at its records left.
+   ``random_share`` s > 0 (the hedge; the plan's :data:`RANDOM_SHARE`: the budget beyond p),
+   round(s max_points) points are split first as random-select splits its budget
+   (random_select.py :func:`~.random_select.hedge_split`: quotas from the counts by the
+   curator's coins) and the weights split only the rest, each owner capped at its records left.
 3. *Random draws, then local herding*: an owner with a random quota first delivers that many
    records drawn uniformly by its secret key (``EpochBody.explore``, as random-select's owners
    do). Then, in every later epoch the curator sends owner i (and only owner i) the exact
@@ -298,11 +298,13 @@ ALLOCATION_FLOOR = 0.0
 """Default ``allocation_floor`` of the plan: the share of ``max_points`` split by the owners'
 record counts before the histograms split the rest (benchmarks/utility_vs_random.py)."""
 
-RANDOM_SHARE = 0.75
-"""Default ``random_share`` of the plan: the share of ``max_points`` bought uniformly at random
-(the hedge, protocol/summary/random_select.py). Chosen between 0.25, 0.5 and 0.75 on the tuning
-seeds 0-2 of benchmarks/utility_vs_random.py (RESULTS.md "utility_vs_random", session 2): the
-only share never below random-select by more than the spread of its draws there."""
+RANDOM_SHARE: float | None = None
+"""Default ``random_share`` of the plan: None, the budget beyond p, ``(max_points - p) /
+max_points`` (a third at 1.5 p, two thirds at 3 p), bought uniformly at random (the hedge,
+protocol/summary/random_select.py), while p points stay steered. Chosen on the tuning seeds of
+benchmarks/utility_vs_random.py (0-2) and the issue 18 digits goal of benchmarks/parsimony.py
+(RESULTS.md "utility_vs_random", session 2): a fixed 0.75 was as close to random-select's
+floor but cut digits at p = 50, 1.5 p to 0.57 of the gap, this rule keeps it at 0.73."""
 
 
 def plan_allocation(

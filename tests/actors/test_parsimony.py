@@ -50,7 +50,10 @@ def test_allocate_in_a_config_plans_the_profile_noise_and_the_budget(tmp_path: P
     assert params.allocation_sigma > 1.0  # eps_owner = 1 at delta 1e-5: z about 4.4
     # the default rule: score histograms, g_tilde around the seed mean
     assert params.allocation_rule == "histogram" and params.validation_center == "seed"
-    assert params.random_share == RANDOM_SHARE > 0  # the hedge, unless [summary] says otherwise
+    # the hedge, unless [summary] says otherwise: the budget beyond p bought at random
+    assert RANDOM_SHARE is None
+    assert params.random_share == pytest.approx(1 - config.summary_size / params.max_points)
+    assert params.random_share > 0
     steered = path.read_text(encoding="utf-8").replace(
         "allocate = true", "allocate = true\nrandom_share = 0", 1
     )
