@@ -19,13 +19,25 @@ rule on a covariate. The target share of the pool is printed per scenario.
 
 Mechanisms (in-process parties, actors/harness/inprocess.py; every coin from a party's own
 generator, reproducible noise as in every benchmark): random-select, allocate-select
-(histograms, with ``allocation_floor`` 0 and the plan's floor), herding-select held to the same
-``max_points``; at max_points = 1.5 p and 3 p; eps_owner <= 1, eps_validation <= 3 at delta
-1e-5 (PLD). Gap closed = (uniform - mechanism) / (uniform - greedy), MMD^2 to the consumer's
-test set, per seed; a mechanism's spread is the sd over seeds of its per-seed gap.
+(histograms, unhedged: ``random_share`` 0, ``allocation_floor`` 0), allocate-floor-select
+(``--floor``), hedge-select@S (allocate-select with ``random_share`` S for each S of
+``--shares``; "auto" is the plan's rule, the budget beyond p), herding-select held to the same
+``max_points`` (``--candidates`` herding candidates), at max_points = ``--factors`` x p; and
+"default": the market without ``[summary]`` (herding-select, unbounded), with random-select and
+the hedges buying exactly the points it accessed on that seed (max_points 0 in the rows).
+eps_owner <= 1, eps_validation <= 3 at delta 1e-5 (PLD). Gap closed = (uniform - mechanism) /
+(uniform - greedy), MMD^2 to the consumer's test set, per seed. random-select runs ``--draws``
+times per seed and cell (its own coins each time) and counts as the mean of its draws; its
+spread is given over seeds (sd of its per-seed gap) and over its draws (root mean over seeds
+of the variance of its draws on one seed), and every other mechanism is "above", "below" or a
+"tie" against each.
 
-    python benchmarks/utility_vs_random.py --seeds 0 1 2 3 4            # tuning seeds
-    python benchmarks/utility_vs_random.py --seeds 100 101 102 103 104 105 106 107  # held out
+    python benchmarks/utility_vs_random.py --seeds 0 1 2 --mechanisms random-select \
+        hedge-select --shares auto --factors 1.5 3                       # tuning seeds
+    python benchmarks/utility_vs_random.py --seeds 200 201 202 203 204 --mechanisms \
+        random-select hedge-select --shares auto 0.75 --factors 1.5 3    # held out
+    python benchmarks/utility_vs_random.py --seeds 0 1 2 3 4 --mechanisms default \
+        hedge-select --factors 1.5                                       # the default
 
 Prints a table and, last, one JSON object {"benchmark": "utility_vs_random", "rows": [...]}.
 """
@@ -188,7 +200,14 @@ def params_of(
 
 
 def _share(text: str) -> float | None:
-    return None if text == "auto" else float(text)
+    if text == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"a share is a number in [0, 1] or 'auto', got {text!r}"
+        ) from None
 
 
 def expand(mechanisms: list[str], shares: list[float | None]) -> list[str]:
