@@ -19,13 +19,25 @@ rule on a covariate. The target share of the pool is printed per scenario.
 
 Mechanisms (in-process parties, actors/harness/inprocess.py; every coin from a party's own
 generator, reproducible noise as in every benchmark): random-select, allocate-select
-(histograms, with ``allocation_floor`` 0 and the plan's floor), herding-select held to the same
-``max_points``; at max_points = 1.5 p and 3 p; eps_owner <= 1, eps_validation <= 3 at delta
-1e-5 (PLD). Gap closed = (uniform - mechanism) / (uniform - greedy), MMD^2 to the consumer's
-test set, per seed; a mechanism's spread is the sd over seeds of its per-seed gap.
+(histograms, unhedged: ``random_share`` 0, ``allocation_floor`` 0), allocate-floor-select
+(``--floor``), hedge-select@S (allocate-select with ``random_share`` S for each S of
+``--shares``; "auto" is the plan's rule, the budget beyond p), herding-select held to the same
+``max_points`` (``--candidates`` herding candidates), at max_points = ``--factors`` x p; and
+"default": the market without ``[summary]`` (herding-select, unbounded), with random-select and
+the hedges buying exactly the points it accessed on that seed (max_points 0 in the rows).
+eps_owner <= 1, eps_validation <= 3 at delta 1e-5 (PLD). Gap closed = (uniform - mechanism) /
+(uniform - greedy), MMD^2 to the consumer's test set, per seed. random-select runs ``--draws``
+times per seed and cell (its own coins each time) and counts as the mean of its draws; its
+spread is given over seeds (sd of its per-seed gap) and over its draws (root mean over seeds
+of the variance of its draws on one seed), and every other mechanism is "above", "below" or a
+"tie" against each.
 
-    python benchmarks/utility_vs_random.py --seeds 0 1 2 3 4            # tuning seeds
-    python benchmarks/utility_vs_random.py --seeds 100 101 102 103 104 105 106 107  # held out
+    python benchmarks/utility_vs_random.py --seeds 0 1 2 --mechanisms random-select \
+        hedge-select --shares auto --factors 1.5 3                       # tuning seeds
+    python benchmarks/utility_vs_random.py --seeds 200 201 202 203 204 --mechanisms \
+        random-select hedge-select --shares auto 0.75 --factors 1.5 3    # held out
+    python benchmarks/utility_vs_random.py --seeds 0 1 2 3 4 --mechanisms default \
+        hedge-select --factors 1.5                                       # the default
 
 Prints a table and, last, one JSON object {"benchmark": "utility_vs_random", "rows": [...]}.
 """
@@ -47,7 +59,7 @@ from sklearn import datasets as skd
 from dpmarket.actors.harness.inprocess import run_inprocess
 from dpmarket.actors.harness.utility import recommended_params
 from dpmarket.actors.randomness import NoiseSource, public_generator
-from dpmarket.protocol.summary.allocate import ALLOCATION_FLOOR, plan_allocation
+from dpmarket.protocol.summary.allocate import ALLOCATION_FLOOR, RANDOM_SHARE, plan_allocation
 from dpmarket.protocol.summary.objective import greedy_exact, mmd2, uniform_sample
 from dpmarket.protocol.summary.random_select import plan_random_select
 from dpmarket.streams.synthetic import Scenario, median_heuristic_gamma
@@ -157,22 +169,61 @@ SCENARIOS: dict[str, Callable[[np.random.Generator], Scenario]] = {
 }  # fmt: skip
 TARGETS = {"breast": {0}, "wine": {2}, "diabetes": {2}, "digits": {4, 7}, "rare": {0},
            "rare-digits": {9}}  # fmt: skip
-MECHANISMS = ("random-select", "allocate-select", "allocate-floor-select", "herding-select")
+MECHANISMS = (
+    "random-select", "allocate-select", "allocate-floor-select", "hedge-select", "herding-select",
+    "default",
+)  # fmt: skip
+"""hedge-select: allocate-select with ``random_share`` (each share of ``--shares``, labelled
+"hedge-select@SHARE"); default: the market without ``[summary]`` (herding-select, unbounded,
+``--candidates`` herding candidates), against random-select at the points it accessed."""
 
 
-def params_of(mech: str, scenario: Scenario, p: int, cap: int, seed: int, floor: float) -> Any:
+def params_of(
+    mech: str, scenario: Scenario, p: int, cap: int, seed: int, args: argparse.Namespace
+) -> Any:
     budget = (1.0, 3.0, 1e-5)
     base = recommended_params(p, scenario, seed, *budget)  # herding-select, candidates N(0, 1)
     if mech == "random-select":
         return dataclasses.replace(base, **plan_random_select(p, cap))
+    if mech.startswith("hedge-select@"):
+        text = mech.split("@")[1]
+        share = None if text == "auto" else float(text)  # auto: the budget beyond p
+        plan = plan_allocation(1.0, 1e-5, p, cap, floor=0.0, random_share=share)
+        return dataclasses.replace(base, **plan)
     if mech.startswith("allocate"):
-        f = floor if mech == "allocate-floor-select" else 0.0
-        return dataclasses.replace(base, **plan_allocation(1.0, 1e-5, p, cap, floor=f))
-    return dataclasses.replace(base, max_points=cap)
+        f = args.floor if mech == "allocate-floor-select" else 0.0
+        plan = plan_allocation(1.0, 1e-5, p, cap, floor=f, random_share=0.0)
+        return dataclasses.replace(base, **plan)
+    if mech == "default":  # no [summary]: the plan's herding-select, no max_points
+        return dataclasses.replace(base, n_candidates=args.candidates)
+    return dataclasses.replace(base, max_points=cap, n_candidates=args.candidates)
+
+
+def _share(text: str) -> float | None:
+    if text == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"a share is a number in [0, 1] or 'auto', got {text!r}"
+        ) from None
+
+
+def expand(mechanisms: list[str], shares: list[float | None]) -> list[str]:
+    """The mechanisms to run, each hedge share its own label."""
+    out: list[str] = []
+    for mech in mechanisms:
+        if mech != "hedge-select":
+            out.append(mech)
+            continue
+        out += [f"hedge-select@{'auto' if s is None else f'{s:g}'}" for s in shares]
+    return out
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     noise = NoiseSource.reproducible(0)
+    mechanisms = expand(args.mechanisms, args.shares)
     gaps: dict[tuple[str, int, int, str], list[float]] = {}
     meta: dict[tuple[str, int, int, str], dict[str, list[float]]] = {}
     shares: dict[str, list[float]] = {}
@@ -187,29 +238,41 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     X[uniform_sample(owner_of, p, public_generator([seed, p, 1]))],
                     sc.test_X, sc.gamma,
                 )  # fmt: skip
-                for factor in args.factors:
-                    cap = min(math.ceil(factor * p), len(X))
-                    for mech in args.mechanisms:
-                        params = params_of(mech, sc, p, cap, seed, args.floor)
-                        label = f"uvr:{name}:{mech}:{seed}:{p}:{cap}"
+                cells = [(min(math.ceil(f * p), len(X)), m) for f in args.factors
+                         for m in mechanisms if m != "default"]  # fmt: skip
+                if "default" in mechanisms:  # cap 0: unbounded; the others at its points
+                    hedges = [m for m in mechanisms if m.startswith("hedge-select@")]
+                    cells += [(0, m) for m in ("default", "random-select", *hedges)]
+                accessed = 0
+                for cap, mech in cells:
+                    bought = accessed if cap == 0 and mech != "default" else cap
+                    params = params_of(mech, sc, p, bought, seed, args)
+                    draws = args.draws if mech == "random-select" else 1
+                    got = []  # random-select: its own coins drawn afresh, --draws times
+                    for r in range(draws):
+                        label = f"uvr:{name}:{mech}:{seed}:{p}:{bought}" + (
+                            f":draw{r}" if r else ""
+                        )
                         res = run_inprocess(
                             sc, params, noise.generator(label), owner_noise=noise,
                             noise_label=label,
                         ).result  # fmt: skip
-                        value = mmd2(res.points, sc.test_X, sc.gamma)
-                        key = (name, p, cap, mech)
-                        gaps.setdefault(key, []).append((uni - value) / (uni - greedy))
-                        info = meta.setdefault(key, {"accessed": [], "eps": []})
-                        info["accessed"].append(res.transfers.distinct_points)
-                        info["eps"].append(
-                            max(res.ledgers[o].epsilon(1e-5) for o in sc.owner_names)
-                        )
+                        got.append((uni - mmd2(res.points, sc.test_X, sc.gamma)) / (uni - greedy))
+                    key = (name, p, cap, mech)
+                    gaps.setdefault(key, []).append(float(np.mean(got)))
+                    info = meta.setdefault(key, {"accessed": [], "eps": [], "draw_var": []})
+                    info["accessed"].append(res.transfers.distinct_points)
+                    if mech == "default":  # what the others buy at cap 0
+                        accessed = res.transfers.distinct_points
+                    info["eps"].append(max(res.ledgers[o].epsilon(1e-5) for o in sc.owner_names))
+                    info["draw_var"].append(float(np.var(got)))
     rows = []
     for (name, p, cap, mech), g in gaps.items():
         info = meta[(name, p, cap, mech)]
         rows.append({
             "scenario": name, "p": p, "max_points": cap, "mechanism": mech,
             "gap_closed": round(float(np.mean(g)), 4), "gap_sd": round(float(np.std(g)), 4),
+            "draw_sd": round(math.sqrt(float(np.mean(info["draw_var"]))), 4),
             "gap_seeds": [round(float(v), 4) for v in g],
             "points_accessed": float(np.mean(info["accessed"])),
             "eps_owner": round(max(info["eps"]), 4),
@@ -219,9 +282,15 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _verdict(margin: float, spread: float) -> str:
+    return "above" if margin > spread else "below" if margin < -spread else "tie"
+
+
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each steered mechanism against random-select in the same cell: below by more than
-    random-select's spread ("below"), above by more ("above"), else "tie"."""
+    random-select's spread ("below"), above by more ("above"), else "tie". Two spreads: over
+    seeds (the sd of random-select's per-seed gap, each the mean of its draws) and of its
+    draws (the root mean over seeds of the variance of its --draws runs on one seed)."""
     base = {(r["scenario"], r["p"], r["max_points"]): r for r in rows
             if r["mechanism"] == "random-select"}  # fmt: skip
     out = []
@@ -230,10 +299,11 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if b is None or r["mechanism"] == "random-select":
             continue
         margin = r["gap_closed"] - b["gap_closed"]
-        verdict = "above" if margin > b["gap_sd"] else "below" if margin < -b["gap_sd"] else "tie"
         out.append({"scenario": r["scenario"], "p": r["p"], "max_points": r["max_points"],
                     "mechanism": r["mechanism"], "margin": round(margin, 4),
-                    "random_sd": b["gap_sd"], "verdict": verdict})  # fmt: skip
+                    "random_sd": b["gap_sd"], "verdict": _verdict(margin, b["gap_sd"]),
+                    "random_draw_sd": b["draw_sd"],
+                    "verdict_draws": _verdict(margin, b["draw_sd"])})  # fmt: skip
     return out
 
 
@@ -246,7 +316,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--factors", nargs="+", type=float, default=[1.5, 3.0])
     parser.add_argument("--floor", type=float, default=ALLOCATION_FLOOR or 0.3,
                         help="allocation_floor of allocate-floor-select")  # fmt: skip
+    parser.add_argument("--shares", nargs="+", type=_share, default=[RANDOM_SHARE],
+                        help="random_share of hedge-select (one row each); 'auto': the budget "
+                        "beyond p, (max_points - p) / max_points")  # fmt: skip
+    parser.add_argument(
+        "--draws",
+        type=int,
+        default=5,
+        help="random-select runs per seed and cell (its own coins each time)",
+    )
+    parser.add_argument("--candidates", type=int, default=2000,
+                        help="herding candidates of herding-select and default (the plan: "
+                        "20,000; fewer to finish on a shared machine)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.draws < 1 or args.candidates < 1:
+        parser.error(f"--draws and --candidates must be >= 1, got {args.draws}, {args.candidates}")
+    if not all(s is None or 0 <= s <= 1 for s in args.shares):
+        parser.error(f"--shares must lie in [0, 1], got {args.shares}")
     start = time.perf_counter()
     rows = run(args)
     print(f"utility vs random: seeds {args.seeds}, eps_owner <= 1, eps_validation <= 3 at delta "
@@ -258,10 +344,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['mechanism']:<22} {r['gap_closed']:>6.2f} {r['gap_sd']:>5.2f} "
               f"{r['points_accessed']:>8.1f} {r['eps_owner']:>7.3f}")  # fmt: skip
     checks = verdicts(rows)
-    print("\nagainst random-select in the same cell (margin in gap closed; spread = its sd)")
+    print("\nagainst random-select in the same cell (margin in gap closed; its spread over "
+          "seeds, then over its draws)")  # fmt: skip
     for c in checks:
         print(f"{c['scenario']:<12} {c['p']:>3} {c['max_points']:>7} {c['mechanism']:<22} "
-              f"{c['margin']:>+6.2f} {c['random_sd']:>5.2f} {c['verdict']}")  # fmt: skip
+              f"{c['margin']:>+6.2f} {c['random_sd']:>5.2f} {c['verdict']:<5} "
+              f"{c['random_draw_sd']:>5.2f} {c['verdict_draws']}")  # fmt: skip
     print(json.dumps({"benchmark": "utility_vs_random", "seeds": args.seeds,
                       "rows": rows, "verdicts": checks}))  # fmt: skip
     return 0

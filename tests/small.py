@@ -6,7 +6,9 @@ import dataclasses
 
 import numpy as np
 
+from dpmarket.actors.parties.transport import LoopbackTransport
 from dpmarket.protocol.summary.curator import Curator, CuratorParams
+from dpmarket.protocol.summary.owner import Owner
 from dpmarket.streams.synthetic import Scenario, gaussian_mixture_shift
 
 
@@ -54,3 +56,17 @@ def small_curator(run: str, scenario: Scenario, params: CuratorParams, seed: int
         params,
         np.random.default_rng(seed),
     )
+
+
+def run_small(run: str, scenario: Scenario, curator: Curator, owner_seed: int) -> list[Owner]:
+    """``scenario``'s owners (owner i's generator seeded ``[owner_seed, i]``, the curator's
+    profile floor) and ``curator`` in-process until the curator is done; the owners."""
+    floor = curator.params.profile_floor
+    owners = [
+        Owner(n, run, X, y, rng=np.random.default_rng([owner_seed, i]), profile_floor=floor)
+        for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True))
+    ]
+    transport = LoopbackTransport([curator, *owners])
+    transport.send(curator.start())
+    transport.run_until(lambda: curator.done)
+    return owners

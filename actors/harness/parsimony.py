@@ -43,11 +43,14 @@ __all__ = [
 ]
 
 PARSIMONY_MECHANISMS = (
-    "allocate-select", "allocate-mixture-select", "herding-select", "herding-pure-select",
-    "random-select",
+    "allocate-select", "allocate-steered-select", "allocate-mixture-select", "herding-select",
+    "herding-pure-select", "random-select",
 )  # fmt: skip
-"""allocate-select: score histograms (protocol/summary/allocate_rank.py); allocate-mixture-
-select: the earlier rule, DP means in a public frame (allocate.py)."""
+"""allocate-select: score histograms (protocol/summary/allocate_rank.py) with the plan's hedge
+(``random_share``, protocol/summary/random_select.py); allocate-steered-select: the same without
+the hedge (every point steered); allocate-mixture-select: the earlier rule, DP means in a public
+frame (allocate.py), unhedged. random-select runs beside every mechanism (added when not
+asked)."""
 FACTORS = ("1", "1.5", "2", "3", "K+1")
 """max_points as a multiple of p; "K+1": (K + 1) p, what herding-select accesses unbounded."""
 
@@ -77,10 +80,12 @@ def parsimony_params(
     the allocate mechanisms' parameters (an ablation: e.g. ``allocation_ridge``, or a noise
     multiplier near 0 to see what a release's noise costs; the ledger then reports the
     epsilon that noise really spends)."""
-    if mechanism in ("allocate-select", "allocate-mixture-select"):
+    if mechanism.startswith("allocate-"):
         base = mechanism_params("herding-select", dataset, p, scenario, seed, budget)
         rule = "mixture" if mechanism == "allocate-mixture-select" else "histogram"
         plan = plan_allocation(budget[0], budget[2], p, max_points, rule)
+        if mechanism != "allocate-select":  # unhedged: every point steered
+            plan["random_share"] = 0.0
         return dataclasses.replace(base, **(plan | dict(overrides or {})))
     if mechanism == "random-select":
         base = mechanism_params("herding-select", dataset, p, scenario, seed, budget)
@@ -99,8 +104,11 @@ def evaluate_parsimony(
     noise: NoiseSource | None = None,
     overrides: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows of the Pareto front (module docstring); means over ``seeds``."""
+    """Rows of the Pareto front (module docstring); means over ``seeds``; random-select is
+    added to ``mechanisms`` when missing (the baseline beside every mechanism)."""
     noise = noise or NoiseSource.secure()
+    if "random-select" not in mechanisms:
+        mechanisms = [*mechanisms, "random-select"]
     rows = []
     for dataset in datasets:
         cells: dict[tuple[str, int, int], MechanismScores] = {}

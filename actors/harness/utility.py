@@ -20,6 +20,7 @@ from dpmarket.actors.config.digits import digits_split
 from dpmarket.actors.harness.evaluation import F64, paper_params, svm_accuracy
 from dpmarket.actors.harness.inprocess import run_inprocess
 from dpmarket.actors.randomness import NoiseSource, public_generator
+from dpmarket.protocol.summary.allocate import plan_allocation
 from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.protocol.summary.objective import greedy_exact, mmd2, uniform_sample
 from dpmarket.protocol.summary.plan import EXPLORE_SHARE, ReleasePlan, plan_releases
@@ -45,15 +46,18 @@ __all__ = [
 DATASETS = ("synthetic", "digits")
 MECHANISMS = (
     "paper", "gaussian", "tree", "herding", "herding-pure", "herding-select",
-    "herding-pure-select", "random-select",
+    "herding-pure-select", "allocate-select", "random-select",
 )  # fmt: skip
 """Private mechanisms compared: the paper's Table 1 (MWEM h2, paper auction) and, planned to the
 budgets by :func:`~dpmarket.protocol.summary.plan.plan_releases`, the Gaussian validation release
 with per-epoch Gaussian / tree-aggregated / herding summary releases (auction: every bidder asked,
 tau = 1), herding with the calibrated pure auction (parsimonious), "-select": exploration
 epochs plus the curator's exact final selection over every purchased point
-(protocol/summary/selection.py), and random-select: ceil(1.5 p) points bought uniformly at
-random, then the same selection (protocol/summary/random_select.py; no release)."""
+(protocol/summary/selection.py), allocate-select: ceil(1.5 p) points split by the owners' DP
+score histograms, a share of them bought at random (the hedge; protocol/summary/allocate.py),
+and random-select: ceil(1.5 p) points bought uniformly at random, then the same selection
+(protocol/summary/random_select.py; no release). Every row also carries random-select at the
+points that row's mechanism accessed (``mmd2_uniform_select``)."""
 
 CANDIDATE_DOMAINS: dict[str, tuple[str, float, float]] = {
     "synthetic": ("gaussian", 0.0, 1.0),  # features standardised by a public map
@@ -151,6 +155,9 @@ def mechanism_params(
     if mechanism == "random-select":
         base = mechanism_params("herding-select", dataset, p, scenario, seed, budget)
         return dataclasses.replace(base, **plan_random_select(p))
+    if mechanism == "allocate-select":
+        base = mechanism_params("herding-select", dataset, p, scenario, seed, budget)
+        return dataclasses.replace(base, **plan_allocation(eps_owner, delta, p))
     summary, *options = mechanism.split("-")
     return recommended_params(
         p, scenario, seed, eps_owner, eps_validation, delta, summary,
@@ -240,8 +247,8 @@ def evaluate_utility(
                     scores = cells.setdefault((mech, p), MechanismScores())
                     label = f"utility:{dataset}:{mech}:{seed}:{p}"
                     _run_mechanism(scores, scenario, params, budget[2], noise, label)
-                    if params.final_selection == "exact" and not params.random_purchase:
-                        # the same purchase size, bought by random-select
+                    if not params.random_purchase:
+                        # every mechanism beside random-select at the points it accessed
                         size = max(p, min(int(scores.accessed[-1]), len(X)))
                         same = dataclasses.replace(
                             mechanism_params("random-select", dataset, p, scenario, seed, budget),
@@ -279,7 +286,8 @@ def _row(
         "delta": delta,
         "points_accessed": float(np.mean(private.accessed)),
         "transfers": float(np.mean(private.transfers)),
-        # "-select" only: as many points bought uniformly at random, then the same selection
+        # as many points as the mechanism accessed, bought uniformly at random, then the exact
+        # selection (random-select beside every mechanism)
         "mmd2_uniform_select": None if bought is None else round(float(np.mean(bought.mmd2)), 6),
         "svm_uniform_select": None if bought is None else round(float(np.mean(bought.svm)), 4),
     }

@@ -18,8 +18,14 @@ enforces the budget):
    none above ``n_i`` (:func:`quotas`). With ``allocation_floor`` f > 0, a share f of the
    weights goes to the owners in proportion to their counts n_i first (:func:`floored_weights`):
    an owner whose noisy release hides the records the consumer wants keeps about f n_i / N of
-   the budget and herds its best points toward g_tilde (issue 30, the wine failure).
-3. *Local herding*: in every later epoch the curator sends owner i (and only owner i) the exact
+   the budget and herds its best points toward g_tilde (issue 30, the wine failure). With
+   ``random_share`` s > 0 (the hedge; the plan's :data:`RANDOM_SHARE`: the budget beyond p),
+   round(s max_points) points are split first as random-select splits its budget
+   (random_select.py :func:`~.random_select.hedge_split`: quotas from the counts by the
+   curator's coins) and the weights split only the rest, each owner capped at its records left.
+3. *Random draws, then local herding*: an owner with a random quota first delivers that many
+   records drawn uniformly by its secret key (``EpochBody.explore``, as random-select's owners
+   do). Then, in every later epoch the curator sends owner i (and only owner i) the exact
    mean of h1 over the points owner i has delivered so far and their count q_i; owner i bids by
    the usual rule ``h1(x) . (g_tilde - q_i/(q_i+1) g_i)``, i.e. kernel herding of its own
    points toward g_tilde, and is asked while its quota lasts (no auction). The curator's exact
@@ -40,8 +46,11 @@ refuses allocate-select with it):
 * The quotas, and hence every later ask, are post-processing of the profiles and of g_tilde
   (the re-noising draws are public randomness): no further charge to any party. The floor
   (``allocation_floor``) is a function of the counts n_i, fixed under replace-one: it spends
-  nothing, so nothing is charged for it. No auction
-  runs (nothing charged per epoch).
+  nothing, so nothing is charged for it. The hedge's random quotas are a function of the same
+  counts and of the curator's coins, and the records an owner draws for them a function of its
+  own secret key: nothing about another owner's records, so nothing is charged for them either
+  (random_select.py; a test finds the ledgers of a hedged run equal to an unhedged one's). No
+  auction runs (nothing charged per epoch).
 * What owner i receives in a herding epoch (g_i, q_i, being asked) is a function of its own
   delivered points and of the quotas: nothing about another owner beyond the quotas
   (tests/protocol/summary/test_allocate.py holds one owner's profile fixed, changes its
@@ -71,7 +80,7 @@ from dpmarket.protocol.summary.auction import TransferCounter
 from dpmarket.protocol.summary.messages import EpochBody
 from dpmarket.protocol.summary.params import CuratorParams
 from dpmarket.protocol.summary.plan import gaussian_noise_multiplier
-from dpmarket.protocol.summary.random_select import random_quotas
+from dpmarket.protocol.summary.random_select import hedge_split, random_quotas
 from dpmarket.protocol.summary.releases import relation, validation_frame
 from dpmarket.protocol.summary.selection import PurchasedPool
 from dpmarket.protocol.wire.errors import RemoteProtocolError
@@ -79,6 +88,7 @@ from dpmarket.protocol.wire.errors import RemoteProtocolError
 __all__ = [
     "ALLOCATION_FLOOR",
     "PROFILE_CLIP_QUANTILE",
+    "RANDOM_SHARE",
     "AllocationCycle",
     "ProfileFrame",
     "floored_weights",
@@ -288,6 +298,14 @@ ALLOCATION_FLOOR = 0.0
 """Default ``allocation_floor`` of the plan: the share of ``max_points`` split by the owners'
 record counts before the histograms split the rest (benchmarks/utility_vs_random.py)."""
 
+RANDOM_SHARE: float | None = None
+"""Default ``random_share`` of the plan: None, the budget beyond p, ``(max_points - p) /
+max_points`` (a third at 1.5 p, two thirds at 3 p), bought uniformly at random (the hedge,
+protocol/summary/random_select.py), while p points stay steered. Chosen on the tuning seeds of
+benchmarks/utility_vs_random.py (0-2) and the issue 18 digits goal of benchmarks/parsimony.py
+(RESULTS.md "utility_vs_random", session 2): a fixed 0.75 was as close to random-select's
+floor but cut digits at p = 50, 1.5 p to 0.57 of the gap, this rule keeps it at 0.73."""
+
 
 def plan_allocation(
     eps_owner: float,
@@ -296,6 +314,7 @@ def plan_allocation(
     max_points: int | None = None,
     rule: str = "histogram",
     floor: float = ALLOCATION_FLOOR,
+    random_share: float | None = RANDOM_SHARE,
 ) -> dict[str, Any]:
     """CuratorParams overrides of allocate-select on top of a herding plan (plan.py); ``rule``
     "histogram" (allocate_rank.py, g_tilde centred on the seed mean) or "mixture".
@@ -303,7 +322,10 @@ def plan_allocation(
     The profile is the only owner event of the run, so its noise multiplier is the one that
     spends ``eps_owner`` at ``delta`` (analytic Gaussian, a 1e-4 margin for the PLD's
     round-off); ``max_points`` defaults to ``ceil(1.5 p)``, and the epoch limit lets one owner
-    deliver the whole budget; ``floor`` is ``allocation_floor`` (:func:`floored_weights`).
+    deliver the whole budget; ``floor`` is ``allocation_floor`` (:func:`floored_weights`);
+    ``random_share`` the hedge's random share (random_select.py :func:`hedge_split`); None:
+    the budget beyond p, ``(max_points - p) / max_points`` (the steered part can still hold a
+    whole summary, the rest is bought at random).
     """
     budget = math.ceil(1.5 * p) if max_points is None else int(max_points)
     if budget < p:
@@ -315,6 +337,7 @@ def plan_allocation(
         "allocation_sigma": gaussian_noise_multiplier(eps_owner * (1.0 - 1e-4), delta),
         "max_points": budget,
         "allocation_floor": floor,
+        "random_share": (budget - p) / budget if random_share is None else random_share,
         "final_selection": "exact",
         "explore_share": 0.0,
         "max_epochs": budget + 10,  # one owner may hold the whole budget, one point per epoch
@@ -336,6 +359,7 @@ class AllocationCycle:
     profiles: dict[str, F64]
     records: dict[str, int]
     quotas: dict[str, int] | None
+    random_quotas: dict[str, int]  # the hedge's random part (random_select.py), within quotas
     _rng: np.random.Generator
 
     def _frame(self) -> ProfileFrame:
@@ -385,7 +409,9 @@ class AllocationCycle:
                 profile_basis=frame.basis.ravel(), profile_center=frame.center,
             )  # fmt: skip
         g, q_own = self._own_direction(owner, number)
-        return EpochBody(g, q_own)
+        # the hedge (random_select.py): an owner's random quota first, drawn uniformly by its
+        # secret key; a function of deliveries before this epoch, so a resend is the same
+        return EpochBody(g, q_own, explore=q_own < self.random_quotas.get(owner, 0))
 
     def _own_direction(self, owner: str, number: int) -> tuple[F64, int]:
         """Mean h1 of the points ``owner`` delivered before epoch ``number``, and their count."""
@@ -430,14 +456,23 @@ class AllocationCycle:
                 label=label,
                 neighbouring=relation(p),  # replace-one: allocate-select refuses add_remove
             )
-        if histogram:
-            weights = histogram_weights(self.profiles, self.records, budget)
-            for owner in self.owners:  # an owner without a histogram gets no quota
-                weights.setdefault(owner, 0.0)
-            if p.allocation_floor > 0:  # the counts' share (public n_i): no charge
-                weights = floored_weights(weights, self.records, p.allocation_floor)
-            self.quotas = quotas(weights, budget, {o: self.records.get(o, 0) for o in self.owners})
-            return
+        # the hedge (random_select.py): its random share from the public counts and the
+        # curator's coins, no charge; the histograms or profiles split what is left
+        counts = {o: self.records.get(o, 0) for o in self.owners}
+        self.random_quotas, steered, caps = hedge_split(counts, budget, p.random_share, self._rng)
+        weights = self._weights(steered) if self.profiles else {}
+        for owner in self.owners:  # an owner without a profile gets no steered quota
+            weights.setdefault(owner, 0.0)
+        if p.allocation_floor > 0:  # the counts' share (public n_i): no charge
+            weights = floored_weights(weights, self.records, p.allocation_floor)
+        split = quotas(weights, steered, caps)
+        self.quotas = {o: k + self.random_quotas.get(o, 0) for o, k in split.items()}
+
+    def _weights(self, budget: int) -> dict[str, float]:
+        """The owners' steering weights from their releases (post-processing, no charge)."""
+        p = self.params
+        if p.allocation_rule == "histogram":
+            return histogram_weights(self.profiles, self.records, budget)
         frame = self._frame()
         target = frame.basis @ (self._g_validation - frame.center)
         sd = {
@@ -447,15 +482,7 @@ class AllocationCycle:
         v_clip = validation_frame(p, self._H_seed)[1]
         target_sd = p.validation_sigma * p.sensitivity * v_clip / self.validation_size
         public = smoothing_generator(p.h1_seed)
-        weights = (
-            smoothed_weights(self.profiles, target, sd, target_sd, public) if self.profiles else {}
-        )
-        for owner in self.owners:  # an owner without a profile gets no quota
-            weights.setdefault(owner, 0.0)
-        if p.allocation_floor > 0:
-            weights = floored_weights(weights, self.records, p.allocation_floor)
-        caps = {o: self.records.get(o, 0) for o in self.owners}
-        self.quotas = quotas(weights, budget, caps)
+        return smoothed_weights(self.profiles, target, sd, target_sd, public)
 
     def _quota_left(self, owner: str) -> int:
         if self.quotas is None:

@@ -102,6 +102,7 @@ class Curator(EpochCycle):
         self.profiles: dict[str, F64] = {}  # allocate-select (protocol/summary/allocate.py)
         self.records: dict[str, int] = {}
         self.quotas: dict[str, int] | None = None
+        self.random_quotas: dict[str, int] = {}  # the hedge's random part (random_select.py)
         self.transfers = TransferCounter()
         self.value = dict.fromkeys(owners, 0.0)
         self.dropped: list[tuple[int, str, str]] = []

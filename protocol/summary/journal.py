@@ -159,6 +159,7 @@ def snapshot_curator(
             "profiles": {o: _arr(g) for o, g in sorted(c.profiles.items())},
             "records": dict(sorted(c.records.items())),
             "quotas": None if c.quotas is None else dict(sorted(c.quotas.items())),
+            "random_quotas": dict(sorted(c.random_quotas.items())),  # absent before: {}
         },
         "secure_phases": copy.deepcopy(secure_phases or {}),
     }
@@ -259,5 +260,7 @@ def restore_curator(
     c.records = {str(o): int(n) for o, n in (allocation.get("records") or {}).items()}
     saved = allocation.get("quotas")
     c.quotas = None if saved is None else {str(o): int(k) for o, k in saved.items()}
+    hedge = allocation.get("random_quotas") or {}
+    c.random_quotas = {str(o): int(k) for o, k in hedge.items()}
     c.checkpoint_due = False
     return c

@@ -78,6 +78,7 @@ _FIELD_CHECKS: dict[str, _Spec] = {
     "allocate": ("bool", 0, 0, False, False),
     "random_purchase": ("bool", 0, 0, False, False),
     "allocation_floor": ("real", 0, 1, False, False),
+    "random_share": ("real", 0, 1, False, False),
     "eps_auction": ("real", 0, _INF, True, False),
     "auction_variant": (("paper", "pure"), 0, 0, False, False),
     "tau": ("int", 1, _INF, False, False),
@@ -118,6 +119,8 @@ _RELATIONS = {
     "allocate": "allocate-select (allocate = true, or max_points without allocate = false) needs "
     "max_points, final_selection = 'exact' and explore_share = 0 (allocate = false keeps "
     "herding-select under max_points)",
+    "random_share": "random_share = {self.random_share!r} > 0 is a share of allocate-select's "
+    "budget (allocate = true); random-select buys all of it at random",
     "random_purchase": "random-select (random_purchase = true) needs max_points, "
     "final_selection = 'exact', explore_share = 0 and allocate = false",
     "scale": "center and scale must be given together, scale > 0",
@@ -227,6 +230,11 @@ class CuratorParams:
     # replace-one, sent with the histograms) before the histograms split the rest: no owner is
     # starved by a noisy histogram (issue 30, the wine failure); post-processing, no charge.
     allocation_floor: float = 0.0
+    # The hedge (issue 30): the share of max_points bought uniformly at random (quotas drawn by
+    # the curator's coins from the public n_i, each owner's records by its secret key, as
+    # random-select) before the histograms split the rest; the exact final selection chooses
+    # among the union. No release, so no charge beyond allocate-select's histogram.
+    random_share: float = 0.0
     # random-select (protocol/summary/random_select.py): max_points points bought uniformly at
     # random from the pool (owners in proportion to n_i), then the exact final selection; no
     # release to any owner and no validation release.
@@ -259,6 +267,7 @@ class CuratorParams:
                 and self.final_selection == "exact"
                 and self.explore_share == 0
             ),
+            "random_share": self.random_share == 0 or self.allocate,
             "random_purchase": not self.random_purchase
             or (
                 self.max_points is not None

@@ -35,6 +35,14 @@ Privacy (what the ledger charges: nothing, to any party):
   the trusted curator in the clear (as in every mechanism; the budget bounds how many). The
   secure sums a market run makes before the summary (normalise, scan: actors/run/phases.py)
   are charged as in every run.
+
+The hedge (``CuratorParams.random_share``, issue 30): allocate-select buys the share
+``random_share`` of its budget exactly as above (:func:`hedge_split`: quotas from the counts by
+the curator's coins; in its epochs each owner draws uniformly by its secret key) and steers only
+the rest; the exact final selection chooses p among the union, so a steered part aimed by a
+noisy g_tilde cannot take the random part's points away. The random share is charged nothing,
+by the argument above (the counts come with the histograms, fixed under replace-one); the
+steered part is charged allocate-select's histogram (protocol/summary/allocate.py).
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["plan_random_select", "random_quotas"]
+__all__ = ["hedge_split", "plan_random_select", "random_quotas"]
 
 
 def random_quotas(
@@ -85,3 +93,19 @@ def plan_random_select(p: int, max_points: int | None = None) -> dict[str, Any]:
         "max_deliveries": 1,
         "max_epochs": budget + 10,
     }
+
+
+def hedge_split(
+    records: Mapping[str, int], budget: int, share: float, rng: np.random.Generator
+) -> tuple[dict[str, int], int, dict[str, int]]:
+    """The hedge's random part (module docstring): ``round(share * budget)`` points drawn by
+    :func:`random_quotas` over the owners' counts with the curator's generator ``rng``. Returns
+    the random quotas, the budget left to steer and each owner's records left to steer from
+    (its count less its random quota). ``share`` 0 draws nothing from ``rng``."""
+    if not (math.isfinite(share) and 0 <= share <= 1):
+        raise ValueError(f"share must be in [0, 1], got {share!r}")
+    counts = {o: max(0, int(n)) for o, n in records.items()}
+    drawn = random_quotas(counts, round(share * budget), rng) if share > 0 else {}
+    spent = sum(drawn.values())
+    left = {o: n - drawn.get(o, 0) for o, n in counts.items()}
+    return drawn, max(0, budget - spent), left

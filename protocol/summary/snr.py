@@ -25,6 +25,7 @@ from dpmarket.protocol.summary.params import CuratorParams
 __all__ = [
     "STANDARDIZE_MIN_SNR",
     "STEER_MAX_FACTOR",
+    "STEER_MIN_SNR",
     "VALIDATION_SIGNAL",
     "ReleaseCheck",
     "moments_sensitivity",
@@ -285,10 +286,19 @@ def unbounded_reason(params: CuratorParams, delta: float) -> str | None:
 
 STEER_MAX_FACTOR = 3.0
 """At ``max_points >= STEER_MAX_FACTOR p`` a random purchase followed by the exact selection
-already holds most of what the consumer wants (issue 30's report: 0.95-1.03 of the gap at
-3-5 p; benchmarks/RESULTS.md "utility_vs_random": at 3 p random-select closes 0.55-0.99, and
-allocate-select's lead shrinks to +0.1 to +0.3 where the target is rare), so random-select,
-which releases nothing, is recommended there: a judgement of privacy against a small gain."""
+already holds most of what the consumer wants (benchmarks/RESULTS.md "utility_vs_random": at
+3 p random-select closes 0.55-0.99 of the gap, the hedged allocate-select leads by 0.1-0.3 only
+where the target is rare, and at the (K + 1) p points herding-select accesses unbounded
+random-select is as good as either steered mechanism within the spread in most cells), so
+random-select, which releases nothing, is recommended there: a judgement of privacy (each
+owner's whole eps_owner for the histogram) against a small gain."""
+
+STEER_MIN_SNR = 0.4
+"""Below this SNR of g_tilde the plan recommends random-select. The histograms' discriminant
+(allocate_rank.py) still found the consumer's records at SNRs of 0.45-0.88 (benchmarks/
+RESULTS.md "utility_vs_random": m = 20-60 at eps_validation 3, the hedged allocate-select above
+random-select beyond its spread where the target is rare); nothing was measured below 0.45, and
+there a steered purchase would mostly spend the owners' budget on noise."""
 
 
 def recommend_mechanism(
@@ -298,31 +308,35 @@ def recommend_mechanism(
     ``max_points`` (unbounded: herding-select accesses about (K + 1) p points), and the SNR of
     g_tilde, the release every steered mechanism aims with (:func:`validation_check`).
 
-    The rule (issue 30): steering can only help if what it steers by carries signal, and only
-    when the budget is tight. So random-select when g_tilde's SNR is below 1 (the direction is
-    mostly noise, so a steered purchase is a noisy random one that also spends the owners'
-    budget), or when the budget reaches :data:`STEER_MAX_FACTOR` p (a random purchase that size
-    already contains what the exact selection needs); allocate-select otherwise (a tight budget
-    and a release with signal: its histograms find the owners that hold the consumer's records,
-    including a rare target). MWEM's g_tilde has no simple SNR: judged by the budget alone.
+    The rule (issue 30, measured in benchmarks/RESULTS.md "utility_vs_random"): steering can
+    only help if what it steers by carries some signal, and only when the budget is tight. So
+    random-select when g_tilde's SNR is below :data:`STEER_MIN_SNR` (a steered purchase would
+    aim with noise and spend the owners' budget for it), or when the budget reaches
+    :data:`STEER_MAX_FACTOR` p (a random purchase that size already contains what the exact
+    selection needs, at no privacy cost); else allocate-select, hedged (a tight budget and a
+    release with signal: its histograms find the owners that hold a rare target, and its random
+    share keeps it level with random-select where the target is common). MWEM's g_tilde has no
+    simple SNR: judged by the budget alone.
     """
     budget = params.max_points if params.max_points is not None else (owners + 1) * params.p
     factor = budget / params.p
     snr = validation.snr
-    if snr is not None and snr < 1.0:
+    if snr is not None and snr < STEER_MIN_SNR:
         return "random-select", (
-            f"g_tilde's SNR is {snr:.2f} < 1 (too few validation points for its noise): a "
-            "steered purchase aims with noise; random-select releases nothing"
+            f"g_tilde's SNR is {snr:.2f} < {STEER_MIN_SNR:g} (too few validation points for its "
+            "noise): a steered purchase aims with noise; random-select releases nothing"
         )
     if factor >= STEER_MAX_FACTOR:
         return "random-select", (
             f"a budget of {budget} points = {factor:.1f} p >= {STEER_MAX_FACTOR:g} p: a random "
-            "purchase that large already holds what the exact selection needs, at no privacy cost"
+            "purchase that large holds nearly what steering finds (within 0.1-0.3 of the gap "
+            "where the consumer's target is rare, level elsewhere), at no privacy cost"
         )
-    why = "g_tilde carries signal" if snr is not None else "(MWEM g_tilde: SNR not computed)"
+    why = f"g_tilde's SNR is {snr:.2f}" if snr is not None else "(MWEM g_tilde: SNR not computed)"
     return "allocate-select", (
         f"a tight budget ({budget} points = {factor:.1f} p) and {why}: the owners' DP "
-        "histograms place the budget where the consumer's records are"
+        "histograms place the steered share where the consumer's records are (ahead where its "
+        "target is rare), the random share keeps it level with random-select elsewhere"
     )
 
 

@@ -96,18 +96,28 @@ def test_rows_and_json_carry_the_issue_keys() -> None:
     assert line["benchmark"] == "utility" and [list(r) for r in line["rows"]] == [KEYS, KEYS]
 
 
-def test_select_rows_carry_the_random_purchase_baseline_of_the_same_size() -> None:
+def test_every_row_carries_the_random_purchase_baseline_of_the_same_size() -> None:
     rows = evaluate_utility(
         ["digits"], ["herding", "herding-select"], [10], [0], (1.0, 3.0, DELTA), noise=SIMULATED
     )
     plain, selected = rows
-    assert plain["mmd2_uniform_select"] is None and plain["svm_uniform_select"] is None
+    assert plain["mmd2_uniform_select"] is not None and plain["svm_uniform_select"] is not None
+    assert plain["points_accessed"] >= 10
     assert selected["eps_owner"] <= 1.0 and selected["eps_validation"] <= 3.0
     # ceil(10 / 5) exploration epochs of 5 owners, then 5 deliveries per steering epoch
     assert selected["points_accessed"] == 10 + 5 * 10
     assert selected["mmd2_uniform_select"] < selected["mmd2_uniform"]
     assert selected["mmd2_private"] < plain["mmd2_private"]
     assert "random-buy select" in utility_table(rows)[0]
+
+
+def test_allocate_select_is_evaluated_at_its_budget_beside_random_select() -> None:
+    (row,) = evaluate_utility(
+        ["digits"], ["allocate-select"], [10], [0], (1.0, 3.0, DELTA), noise=SIMULATED
+    )
+    assert row["points_accessed"] == 15  # ceil(1.5 p), the plan's max_points
+    assert row["eps_owner"] <= 1.0 and row["eps_validation"] <= 3.0
+    assert row["mmd2_uniform_select"] is not None
 
 
 def test_utility_command_prints_the_table_then_the_json(

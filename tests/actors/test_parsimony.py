@@ -10,6 +10,7 @@ import pytest
 from dpmarket.actors.config.market import ConfigError, load_market_config
 from dpmarket.actors.harness.parsimony import budget_of, evaluate_parsimony
 from dpmarket.actors.randomness import NoiseSource
+from dpmarket.protocol.summary.allocate import RANDOM_SHARE
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW_KEYS = {
@@ -49,6 +50,19 @@ def test_allocate_in_a_config_plans_the_profile_noise_and_the_budget(tmp_path: P
     assert params.allocation_sigma > 1.0  # eps_owner = 1 at delta 1e-5: z about 4.4
     # the default rule: score histograms, g_tilde around the seed mean
     assert params.allocation_rule == "histogram" and params.validation_center == "seed"
+    # the hedge, unless [summary] says otherwise: the budget beyond p bought at random
+    assert RANDOM_SHARE is None
+    assert params.random_share == pytest.approx(1 - config.summary_size / params.max_points)
+    assert params.random_share > 0
+    steered = path.read_text(encoding="utf-8").replace(
+        "allocate = true", "allocate = true\nrandom_share = 0", 1
+    )
+    path.write_text(steered, encoding="utf-8")
+    assert load_market_config(path).curator_params(gamma=0.5, m=200).random_share == 0
+    path.write_text(steered.replace("random_share = 0", "random_share = 2"), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"\[summary\]\.random_share"):
+        load_market_config(path).curator_params(gamma=0.5, m=200)
+    path.write_text(steered.replace("random_share = 0\n", ""), encoding="utf-8")
     mixture = path.read_text(encoding="utf-8").replace(
         "allocate = true", 'allocate = true\nallocation_rule = "mixture"', 1
     )

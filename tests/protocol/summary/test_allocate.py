@@ -23,7 +23,7 @@ from dpmarket.protocol.summary.messages import EpochBody
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.wire.errors import LocalProtocolError, RemoteProtocolError
 from dpmarket.streams.synthetic import Scenario
-from tests.small import small_curator, small_params, small_scenario
+from tests.small import run_small, small_curator, small_params, small_scenario
 
 RUN = "allocate-run"
 
@@ -103,16 +103,7 @@ def _allocate_run(
     )  # fmt: skip
     params = dataclasses.replace(base, **plan_allocation(0.8, 1e-5, base.p, 15, rule))
     curator = small_curator(RUN, scenario, params, seed)
-    owners = [
-        Owner(
-            n, RUN, X, y, rng=np.random.default_rng([seed, i]), profile_floor=params.profile_floor
-        )
-        for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True))
-    ]
-    transport = LoopbackTransport([curator, *owners])
-    transport.send(curator.start())
-    transport.run_until(lambda: curator.done)
-    return curator, owners
+    return curator, run_small(RUN, scenario, curator, seed)
 
 
 @pytest.mark.parametrize("rule", ["histogram", "mixture"])

@@ -9,7 +9,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dpmarket.actors.parties.transport import LoopbackTransport
 from dpmarket.protocol.summary.allocate import floored_weights, plan_allocation, quotas
 from dpmarket.protocol.summary.curator import Curator
 from dpmarket.protocol.summary.owner import Owner
@@ -22,7 +21,7 @@ from dpmarket.protocol.summary.snr import (
     validation_check,
 )
 from dpmarket.streams.synthetic import Scenario
-from tests.small import small_curator, small_params, small_scenario
+from tests.small import run_small, small_curator, small_params, small_scenario
 
 RUN = "random-run"
 
@@ -38,14 +37,7 @@ def _run(
     base = small_params(scenario, final_selection="exact")
     params = dataclasses.replace(base, **plan_random_select(base.p, budget))
     curator = small_curator(RUN, scenario, params, seed)
-    owners = [
-        Owner(n, RUN, X, y, rng=np.random.default_rng([owner_seed, i]))
-        for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True))
-    ]
-    transport = LoopbackTransport([curator, *owners])
-    transport.send(curator.start())
-    transport.run_until(lambda: curator.done)
-    return curator, owners
+    return curator, run_small(RUN, scenario, curator, owner_seed)
 
 
 def test_quotas_are_a_hypergeometric_draw_of_the_budget() -> None:
@@ -138,13 +130,7 @@ def test_the_floor_charges_nothing_more(scenario: Scenario) -> None:
     )  # fmt: skip
     params = dataclasses.replace(base, **plan_allocation(0.8, 1e-5, base.p, 15, floor=0.5))
     curator = small_curator(RUN, scenario, params, 0)
-    owners = [
-        Owner(n, RUN, X, y, rng=np.random.default_rng([4, i]), profile_floor=params.profile_floor)
-        for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True))
-    ]
-    transport = LoopbackTransport([curator, *owners])
-    transport.send(curator.start())
-    transport.run_until(lambda: curator.done)
+    run_small(RUN, scenario, curator, 4)
     assert curator.quotas is not None
     total = sum(curator.records.values())
     for owner in scenario.owner_names:  # at least about half its size-proportional share
