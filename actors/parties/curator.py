@@ -289,8 +289,9 @@ class CuratorActor:
 
 
 def allocation_record(params: CuratorParams) -> dict[str, Any] | None:
-    """allocate-select's public settings for report.json (None: no allocation): its rule and,
-    for the histogram rule, the score ridge an owner needs to rebuild its frame from g_tilde."""
+    """allocate-select's public settings for report.json (None: no allocation): its rule, for
+    the histogram rule the score ridge an owner needs to rebuild its frame from g_tilde, and
+    how much of max_points was not steered (the hedge's random share, the counts' floor)."""
     if not params.allocate:
         return None
     histogram = params.allocation_rule == "histogram"
@@ -298,6 +299,8 @@ def allocation_record(params: CuratorParams) -> dict[str, Any] | None:
         "rule": params.allocation_rule,
         "ridge": params.allocation_ridge if histogram else None,
         "noise_multiplier": params.allocation_sigma,
+        "random_share": params.random_share,
+        "floor": params.allocation_floor,
     }
 
 

@@ -35,7 +35,8 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
 - ``parsimony``: ``summary_size`` (the q every owner received last), ``validation_size`` (m),
   ``final_selection``, ``max_points`` (null: unbounded; the curator never receives more distinct
   points), ``allocation`` (allocate-select's public ``rule``, score ``ridge``,
-  ``noise_multiplier``; null: none). The realised counts are the consumer's (below).
+  ``noise_multiplier``, the hedge's ``random_share`` of max_points bought at random and the
+  counts' ``floor``; null: none). The realised counts are the consumer's (below).
 - ``faults``: owners lost (epoch), dropped, frames late, deliveries rejected, the colluders,
   ``transport`` (``refused`` frames per owner, ``expelled`` and ``dead`` parties) and
   ``verdicts`` (per simulated fault: tolerated and how, or not triggered, with the T budget

@@ -340,6 +340,7 @@ def plan_allocation(
         "random_share": (budget - p) / budget if random_share is None else random_share,
         "final_selection": "exact",
         "explore_share": 0.0,
+        "max_deliveries": 1,  # a re-delivery would add an uncharged, data-dependent epoch
         "max_epochs": budget + 10,  # one owner may hold the whole budget, one point per epoch
     }
 

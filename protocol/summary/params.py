@@ -117,8 +117,13 @@ _RELATIONS = {
     "explore_share": "{self.explore_share!r} > 0 needs final_selection = 'exact'",
     "max_points": "{self.max_points!r} is below p = {self.p}: the summary could not be bought",
     "allocate": "allocate-select (allocate = true, or max_points without allocate = false) needs "
-    "max_points, final_selection = 'exact' and explore_share = 0 (allocate = false keeps "
-    "herding-select under max_points)",
+    "max_points, final_selection = 'exact', explore_share = 0 and max_deliveries = 1 (a record "
+    "delivered again would add an epoch every owner sees, an uncharged function of that "
+    "owner's records beyond its histogram; allocate = false keeps herding-select under "
+    "max_points)",
+    "steered": "random_share = {self.random_share!r} leaves no point of max_points = "
+    "{self.max_points} to steer, yet every owner would pay the histogram: use random-select "
+    "(random_purchase = true) to buy every point at random",
     "random_share": "random_share = {self.random_share!r} > 0 is a share of allocate-select's "
     "budget (allocate = true); random-select buys all of it at random",
     "random_purchase": "random-select (random_purchase = true) needs max_points, "
@@ -266,8 +271,12 @@ class CuratorParams:
                 self.max_points is not None
                 and self.final_selection == "exact"
                 and self.explore_share == 0
+                and self.max_deliveries == 1
             ),
             "random_share": self.random_share == 0 or self.allocate,
+            "steered": not self.allocate
+            or self.max_points is None
+            or round(self.random_share * self.max_points) < self.max_points,
             "random_purchase": not self.random_purchase
             or (
                 self.max_points is not None

@@ -117,6 +117,8 @@ class ReleaseCheck:
     delta: float
     what: str
     gate: bool = True  # a weak release warns (or refuses under --strict); False: shown only
+    weak_below: float = 1.0  # the SNR under which it is weak (g_tilde under allocate-select:
+    # STEER_MIN_SNR, where its histograms were measured to still find the consumer's records)
 
     @property
     def snr(self) -> float | None:
@@ -126,9 +128,10 @@ class ReleaseCheck:
 
     @property
     def weak(self) -> bool:
-        """The noise exceeds the signal: the release spends budget on (almost) nothing."""
+        """The noise drowns the signal (SNR below ``weak_below``): the release spends budget
+        on (almost) nothing."""
         snr = self.snr
-        return self.gate and snr is not None and snr < 1.0
+        return self.gate and snr is not None and snr < self.weak_below
 
 
 def planned_validation_ledger(params: CuratorParams) -> PrivacyLedger:
@@ -171,7 +174,10 @@ def validation_check(params: CuratorParams, m: int, delta: float) -> ReleaseChec
         noise, what = None, f"MWEM, {rounds} iterations (m = {m})"
     signal = VALIDATION_SIGNAL if noise is not None else None
     epsilon = ledger.epsilon(delta)
-    return ReleaseCheck("validation", "validation", signal, noise, epsilon, delta, what)
+    weak_below = STEER_MIN_SNR if params.allocate else 1.0  # one threshold with the plan's
+    return ReleaseCheck(  # recommendation (recommend_mechanism)
+        "validation", "validation", signal, noise, epsilon, delta, what, weak_below=weak_below
+    )
 
 
 def normalise_check(

@@ -87,7 +87,12 @@ def test_a_budget_alone_selects_allocate_select_and_allocate_false_keeps_herding
     # a budget with herding-only settings names the way back to herding-select
     mixed = text.replace("[summary]", "[summary]\nmax_points = 55\nexplore_share = 0.3", 1)
     path.write_text(mixed, encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"explore_share = 0 \(allocate = false keeps herding"):
+    with pytest.raises(ConfigError, match=r"explore_share = 0 and max_deliveries = 1 \(a rec"):
+        load_market_config(path).curator_params(gamma=0.5, m=200)
+    # a record delivered again adds an epoch all owners see (uncharged): refused, named
+    again = text.replace("[summary]", "[summary]\nmax_points = 55\nmax_deliveries = 3", 1)
+    path.write_text(again, encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"max_deliveries = 1 .*allocate = false keeps herding"):
         load_market_config(path).curator_params(gamma=0.5, m=200)
     # without a budget the configs keep herding-select, unbounded
     path.write_text(text, encoding="utf-8")

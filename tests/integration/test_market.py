@@ -224,6 +224,7 @@ def test_a_budget_buys_by_allocate_select_on_actors_and_a_curator_crash_keeps_it
     assert parsimony["max_points"] == 18 and parsimony["summary_size"] == 12
     allocation = parsimony["allocation"]  # public: an owner rebuilds its score frame with it
     assert allocation["rule"] == "histogram" and allocation["ridge"] == 0.5
+    assert allocation["random_share"] == pytest.approx(1 / 3) and allocation["floor"] == 0
     accessed = json.loads((out / "report.private.json").read_text())["parsimony"]
     assert 12 <= accessed["distinct_points"] <= 18
     rows = read_pool_rows(out / ".journal" / "journal.pool.jsonl")

@@ -16,7 +16,12 @@ from dpmarket.protocol.summary.journal import restore_curator, snapshot_curator
 from dpmarket.protocol.summary.messages import EpochBody
 from dpmarket.protocol.summary.params import CuratorParams, ParamError
 from dpmarket.protocol.summary.random_select import hedge_split
-from dpmarket.protocol.summary.snr import STEER_MIN_SNR, ReleaseCheck, recommend_mechanism
+from dpmarket.protocol.summary.snr import (
+    STEER_MIN_SNR,
+    ReleaseCheck,
+    recommend_mechanism,
+    validation_check,
+)
 from dpmarket.streams.synthetic import Scenario
 from tests.small import run_small, small_curator, small_params, small_scenario
 
@@ -149,3 +154,44 @@ def test_the_plan_recommends_by_budget_and_snr() -> None:
     unbounded = CuratorParams(p=20)  # herding-select accesses about (K + 1) p = 5 p
     name, why = recommend_mechanism(unbounded, _check(0.9), 4)
     assert name == "random-select" and "100 points" in why
+
+
+def test_the_random_part_reads_only_the_counts(scenario: Scenario) -> None:
+    """The adversary's question for the hedge: does the random part depend on anyone's records
+    beyond the public counts? The same curator coins with owner 1's records replaced by others
+    (same count, so other histograms and steered quotas) give the same random quotas."""
+    X, y = scenario.owners[0]
+    moved = np.clip(X[::-1] * 0.5 + 0.25, X.min(), X.max())  # other records, same count
+    other = dataclasses.replace(scenario, owners=((moved, y), *scenario.owners[1:]))
+    first, _ = _hedged(scenario, 0.5, 3)
+    second, _ = _hedged(other, 0.5, 3)
+    assert not all(
+        np.array_equal(first.profiles[o], second.profiles[o]) for o in first.profiles
+    )  # the histograms did see the change
+    assert first.random_quotas == second.random_quotas
+    assert sum(first.random_quotas.values()) == BUDGET // 2
+
+
+def test_a_share_leaving_nothing_to_steer_is_refused() -> None:
+    """Every owner would pay the histogram for a release that steers nothing."""
+    with pytest.raises(ParamError, match="no point of max_points = 10 to steer"):
+        CuratorParams(p=5, **plan_allocation(1.0, 1e-5, 5, 10, random_share=1.0))
+    assert CuratorParams(p=5, **plan_allocation(1.0, 1e-5, 5, 10, random_share=0.9)).allocate
+    with pytest.raises(ParamError, match="max_deliveries = 1"):
+        CuratorParams(p=5, **(plan_allocation(1.0, 1e-5, 5, 10) | {"max_deliveries": 3}))
+
+
+def test_the_preflight_warning_and_recommendation_agree_on_g_tilde() -> None:
+    """Under allocate-select g_tilde is weak (a warning, a refusal under --strict) only below
+    the SNR under which the plan recommends random-select; herding-select keeps SNR 1."""
+    herding = CuratorParams(p=10, validation_sigma=4.0, validation_release="gaussian")
+    steered = dataclasses.replace(herding, **plan_allocation(1.0, 1e-5, 10))
+    per_point = validation_check(steered, 1, 1e-5).snr or 0.0  # the SNR grows as m
+    assert 0 < per_point < 0.1
+    m, low = round(0.7 / per_point), int(0.3 / per_point)  # SNR about 0.7, and below 0.3
+    assert validation_check(herding, m, 1e-5).weak
+    check = validation_check(steered, m, 1e-5)
+    assert STEER_MIN_SNR <= (check.snr or 0) < 1.0 and not check.weak
+    assert recommend_mechanism(steered, check, 4)[0] == "allocate-select"
+    weak = validation_check(steered, low, 1e-5)
+    assert weak.weak and recommend_mechanism(steered, weak, 4)[0] == "random-select"
