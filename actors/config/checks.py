@@ -60,7 +60,7 @@ GENERATOR_KEYS: dict[str, tuple[str, float, float, float]] = {
 # compute nodes each hold a share of every owner's vector (M >= 2: one node alone would see
 # every value); the summary, the points bought and the features are held in the curator's
 # memory; a simulated source's points (records x dim float64s) are all in memory at once.
-MAX_OWNERS, MAX_OWNER_ACTORS, MAX_COMPUTE_NODES = 1000, 128, 32
+MAX_OWNERS, MAX_OWNER_ACTORS, MAX_COMPUTE_NODES = 2048, 128, 32
 MAX_SUMMARY_SIZE, MAX_FEATURES = 100_000, 10_000
 MAX_SIMULATED_BYTES = 2 << 30
 # [summary] keys that size a loop or a buffer (CuratorParams checks only their lower bounds)

@@ -123,7 +123,9 @@ def _drive(
     actors/run/remote.py), ingest, run the curator, kill and resume it if the config says so."""
 
     faults = config.faults
-    plan = FaultPlan(kill_at=dict(faults.kill), delay=dict(faults.slow))
+    plan = FaultPlan(
+        kill_at=dict(faults.kill), delay=dict(faults.slow), kill_actor_at=dict(faults.kill_actor)
+    )
     remote = start_remote(config)  # agents dial in before anything else of the run exists
     payload: Any = None
     try:
@@ -226,7 +228,11 @@ def purchase(
         "standardize": standard,
         "refreshes": payload.pop("refreshes", []),
     }
-    payload["fault_verdicts"] = fault_verdicts(config.faults, payload, config.tolerance)
+    hosts = {
+        o: [n for n, h in market.owners.items() if h == market.owners[o]]
+        for o in config.faults.kill_actor
+    }
+    payload["fault_verdicts"] = fault_verdicts(config.faults, payload, config.tolerance, hosts)
     # a node may be gone by now: unreachable owners are named, never a crash (exit 3 stays 3)
     payload["owners"] = survivor_reports(market.owners, payload["transport"]["dead"])
     payload["budgets"] = budget_report(

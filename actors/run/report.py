@@ -223,22 +223,30 @@ def privacy_section(
     auction steps per epoch; the broadcast releases are the same for all and count once)."""
     out: dict[str, Any] = {"delta": delta, "neighbouring": None, "parties": {}}
     relations: set[str] = set()
+    # epsilons are a function of the events (and the discretisation) alone, never of the
+    # party's name: owners with the same events (most of a market's K) are accounted once
+    known: dict[tuple[Any, ...], dict[str, Any]] = {}
     for party, raw in sorted(ledgers.items()):
         ledger = PrivacyLedger.from_dict(raw)
         relations.update(ledger.relations())
-        entry = party_epsilons(ledger, delta) | {"events": raw}
-        if colluders and party not in colluders and party != "validation":
-            pooled = PrivacyLedger(party)
-            for event in ledger.events:
-                times = len(colluders) if event.mechanism == "auction" else 1
-                for _ in range(times):
-                    pooled.record(event)
-            entry["against_colluders"] = epsilon_value(pooled.epsilon(delta, "pld"))
-        out["parties"][party] = entry
+        honest = bool(colluders) and party not in colluders and party != "validation"
+        key = (ledger.value_discretization_interval, honest, *ledger.events)
+        if key not in known:
+            known[key] = party_epsilons(ledger, delta)
+            if honest:
+                known[key]["against_colluders"] = _against(ledger, colluders, delta)
+        out["parties"][party] = dict(known[key]) | {"events": raw}
     if len(relations) > 1:
         raise ValueError(f"privacy: the parties' events mix relations {sorted(relations)}")
     out["neighbouring"] = relations.pop() if relations else None
     return out
+
+
+def _against(ledger: PrivacyLedger, colluders: tuple[str, ...], delta: float) -> Any:
+    """An honest owner's PLD epsilon against the coalition (:func:`privacy_section`)."""
+    times = {"auction": len(colluders)}
+    pooled = [e for e in ledger.events for _ in range(times.get(e.mechanism, 1))]
+    return epsilon_value(PrivacyLedger(ledger.party, pooled).epsilon(delta, "pld"))
 
 
 def split_secure_phases(secure: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -75,9 +75,9 @@ CASES = [
     (
         "market.owners",
         "99999999999999999999",
-        "[market].owners: expected an integer >= 1 and <= 1000",
+        "[market].owners: expected an integer >= 1 and <= 2048",
     ),
-    ("market.owners", "1000000", "[market].owners: expected an integer >= 1 and <= 1000"),
+    ("market.owners", "1000000", "[market].owners: expected an integer >= 1 and <= 2048"),
     (
         "market.compute_nodes",
         "1000000",
