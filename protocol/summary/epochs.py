@@ -137,18 +137,27 @@ class EpochCycle(AllocationCycle):
             return self.live - set(ep.bids) - ep.passed
         return (ep.asked - ep.answered) & self.live
 
+    def _anyone_waiting(self) -> bool:
+        """``bool(self._waiting())`` without building the set: asked after every answer, it
+        stops at the first owner still waiting (O(K log K) per epoch over the K answers, in
+        place of O(K^2))."""
+        ep = self.epoch
+        if self.state == "bidding":
+            return any(o not in ep.bids and o not in ep.passed for o in self.live)
+        return any(o not in ep.answered and o in self.live for o in ep.asked)
+
     def _on_bid(self, msg: Message) -> list[Message]:
         body = body_of(msg, BidBody)
         if msg.sender in self.epoch.bids or msg.sender in self.epoch.passed:
             raise RemoteProtocolError(f"summary.bid: {msg.sender} already answered this epoch")
         self.epoch.bids[msg.sender] = body
-        return self._close_bidding() if not self._waiting() else []
+        return self._close_bidding() if not self._anyone_waiting() else []
 
     def _on_pass(self, msg: Message) -> list[Message]:
         if msg.sender in self.epoch.bids or msg.sender in self.epoch.passed:
             raise RemoteProtocolError(f"summary.pass: {msg.sender} already answered this epoch")
         self.epoch.passed.add(msg.sender)
-        return self._close_bidding() if not self._waiting() else []
+        return self._close_bidding() if not self._anyone_waiting() else []
 
     def _on_profile(self, msg: Message) -> list[Message]:
         body = body_of(msg, ProfileBody)
@@ -158,7 +167,7 @@ class EpochCycle(AllocationCycle):
             raise RemoteProtocolError(f"summary.profile: {msg.sender} already answered")
         self._take_profile(msg.sender, body.mean, body.records)
         self.epoch.passed.add(msg.sender)
-        return self._close_bidding() if not self._waiting() else []
+        return self._close_bidding() if not self._anyone_waiting() else []
 
     def _on_count(self, msg: Message) -> list[Message]:
         body = body_of(msg, CountBody)
@@ -168,7 +177,7 @@ class EpochCycle(AllocationCycle):
             raise RemoteProtocolError(f"summary.count: {msg.sender} already answered")
         self._take_count(msg.sender, body.records)
         self.epoch.passed.add(msg.sender)
-        return self._close_bidding() if not self._waiting() else []
+        return self._close_bidding() if not self._anyone_waiting() else []
 
     def _close_bidding(self) -> list[Message]:
         ep, p = self.epoch, self.params
@@ -232,7 +241,7 @@ class EpochCycle(AllocationCycle):
             self.rejected.append((ep.number, owner, why))
         else:
             ep.verified[owner] = (ep.bids[owner].bid, body)
-        return self._close_asking() if not self._waiting() else []
+        return self._close_asking() if not self._anyone_waiting() else []
 
     def _verify(self, owner: str, body: DeliverBody) -> str:
         """Empty string if the delivered point matches its bid, else why it does not."""
