@@ -12,8 +12,9 @@ noise (``reproducible_noise``: a benchmark, nothing private). Two modes:
   cores).
 
 Phases (seconds, wall clock): ``spawn`` (in-process: the parties constructed; Ray: connecting,
-the compute-node keys and the owner and curator actors), ``ingest`` (the records generated and
-handed to the owners; Ray: the owners' actors have them and compiled their kernels),
+the compute-node keys, the owner and curator actors asked for), ``ingest`` (in-process: the
+records generated; Ray: until every actor process has started, holds its owners' records and
+answered the on-node check),
 ``normalise`` and ``scan`` (the two secure-sum rounds; Ray: with the session set-up),
 ``epochs`` (the curator's run: setup, every epoch, the finish), ``report`` (in-process: each
 owner's ledger accounted by PLD, as report.json does; Ray: the outputs and reports written).
@@ -150,9 +151,9 @@ class TreeSampler:
                     continue
                 role = (
                     "curator"
-                    if title.startswith("ray::CuratorActor")
+                    if title.startswith(("ray::CuratorActor", "ray::CuratorHost"))
                     else "owner"
-                    if title.startswith("ray::OwnerActor")
+                    if title.startswith(("ray::OwnerActor", "ray::OwnerHost"))
                     else None
                 )
                 if role is not None:
@@ -266,10 +267,10 @@ def run_ray(owners: int, faults: str = "", tolerance: int | None = None) -> dict
             "seconds": round(seconds, 2),
         }
         report = outcome.report or {}
-        epochs = int(report.get("summary", {}).get("epochs", 0))
+        epochs = int(report.get("outcome", {}).get("epochs", 0))
         row["epochs"] = epochs
         row["ms_per_epoch"] = round(1000 * row["phase_seconds"]["epochs"] / max(epochs, 1), 3)
-        row["lost"] = report.get("faults", {}).get("lost_owners", [])
+        row["lost"] = report.get("faults", {}).get("lost", {})
         return row
 
 

@@ -112,7 +112,7 @@ def _faults(path: str, table: dict[str, Any], owners: tuple[str, ...]) -> FaultC
     if both := sorted((set(kill) | set(slow)) & set(kill_actor)):  # those get actors of their own
         raise ConfigError(
             f"{path}: [faults].kill_actor: {both} also killed or slow alone ([faults].kill, "
-            "slow): an owner is either alone in its actor or killed with the owners it shares one with"
+            "slow): an owner is alone in its actor or killed with the owners it shares one with"
         )
     if not isinstance(colluders, list) or not set(colluders) <= set(owners):
         raise ConfigError(f"{path}: [faults].colluders: expected a list of owner names")

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from dpmarket.actors.cluster.connect import connect
 from dpmarket.actors.cluster.placement import preflight_owners, require_placeable
 from dpmarket.actors.config.journaled import (
@@ -32,14 +30,12 @@ from dpmarket.actors.config.journaled import (
 from dpmarket.actors.config.market import ConfigError, FaultConfig, MarketConfig
 from dpmarket.actors.config.scenarios import make_market_scenario
 from dpmarket.actors.config.validate import check_inputs, resolve_out
-from dpmarket.actors.harness.evaluation import svm_accuracy
 from dpmarket.actors.parties.curator import pool_file, read_pool_rows
 from dpmarket.actors.parties.faults import FaultPlan, fault_verdicts
-from dpmarket.actors.randomness import public_generator
 from dpmarket.actors.remote.handles import is_remote
 from dpmarket.actors.run.budgets import budget_report, consumer_refusal, ledger_run_id, owner_gates
 from dpmarket.actors.run.ingest import StreamWriter, file_inputs, stream_files, wait_for_ingest
-from dpmarket.actors.run.outputs import mmd2_by_prefix
+from dpmarket.actors.run.outputs import simulation_utility
 from dpmarket.actors.run.phases import (
     SecurePrep,
     prepare_secure,
@@ -52,7 +48,6 @@ from dpmarket.actors.run.remote import finish_remote, offer_purchase, start_remo
 from dpmarket.actors.run.report import CONSUMER_REPORT, PUBLIC_REPORT, write_outputs
 from dpmarket.actors.run.spawn import OwnerInputs, RayMarket, spawn_market
 from dpmarket.actors.run.survivors import survivor_reports
-from dpmarket.protocol.summary.objective import mmd2
 from dpmarket.streams.records.files import Schema
 from dpmarket.streams.synthetic import Scenario
 
@@ -260,33 +255,6 @@ def purchase(
     return payload
 
 
-def _utility(
-    scenario: Scenario, payload: dict[str, Any], config: MarketConfig
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Harness-side utility of the summary against exact greedy and uniform (simulation only)."""
-    from dpmarket.actors.harness.inprocess import baselines
-
-    p, gamma = len(payload["provenance"]), scenario.gamma
-    if payload["points"] is None or p == 0:
-        return {}, {}
-    base = baselines(scenario, p, 140, gamma, config.seed, public_generator(config.seed + 1))
-    test_y = scenario.test_y.astype(np.float64)
-    methods = {
-        "private": (payload["points"], payload["labels"]),
-        "greedy": base.greedy,
-        "uniform": base.uniform,
-    }
-    utility = {
-        name: {
-            "mmd2": mmd2(X, scenario.test_X, gamma),
-            "svm_accuracy": svm_accuracy(X, y, scenario.test_X, test_y),
-        }
-        for name, (X, y) in methods.items()
-    }
-    curves = {name: mmd2_by_prefix(X, scenario.test_X, gamma) for name, (X, _) in methods.items()}
-    return utility, curves
-
-
 def run_market(
     config: MarketConfig,
     out: Path | None = None,
@@ -385,7 +353,7 @@ def market_outcome(
     curves: dict[str, Any] = {}
     if inputs.scenario is not None:
         tick = time.perf_counter()
-        utility, curves = _utility(inputs.scenario, payload, config)
+        utility, curves = simulation_utility(inputs.scenario, payload, config.seed)
         timings["utility"] = time.perf_counter() - tick
     run = config.public_record() | {
         "noise": config.noise.describe(),

@@ -64,8 +64,9 @@ def test_two_actors_killed_lose_eight_owners_above_t_and_resume_completes(
     snapshot = json.loads((out / ".journal" / "journal.json").read_text())
     assert snapshot["state"] == "refused"
     assert len(snapshot["refusal"]["lost"]) > 5  # owners counted, not the two actors
-    assert set(snapshot["refusal"]["lost"]) <= set(FIRST_ACTOR) | {f"owner-{i}" for i in range(5, 9)}
+    assert set(snapshot["refusal"]["lost"]) <= set(FIRST_ACTOR) | {
+        f"owner-{i}" for i in range(5, 9)
+    }
     assert main(["resume", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["outcome"]["state"] == "done" and report["parsimony"]["summary_size"] == 12
-
