@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from owner_scale import market_toml
+from owner_scale import TreeSampler, market_toml
 
 
 def _case(name: str, run: Any, expected: int) -> dict[str, Any]:
     tick = time.perf_counter()
-    outcome = run()
+    with TreeSampler() as sampler:
+        outcome = run()
     seconds = time.perf_counter() - tick
     lost = (outcome.report or {}).get("faults", {}).get("lost", {})
     row = {
@@ -44,11 +45,13 @@ def _case(name: str, run: Any, expected: int) -> dict[str, Any]:
         "expected": expected,
         "owners_lost": len(lost),
         "seconds": round(seconds, 1),
+        "peak_rss_mb": sampler.result(),
         "message": outcome.message,
     }
     print(
         f"{name:<10} exit {row['exit_code']} (expected {expected})  owners lost in the "
-        f"report: {row['owners_lost']:>4}  {row['seconds']:>7.1f} s  {outcome.message[:90]}",
+        f"report: {row['owners_lost']:>4}  {row['seconds']:>7.1f} s  peak MB {row['peak_rss_mb']}"
+        f"  {outcome.message[:90]}",
         flush=True,
     )
     return row

@@ -51,6 +51,11 @@ from typing import Any
 RECORDS_PER_OWNER, DIM, P, NODES = 500, 20, 100, 3
 MAX_OWNER_PROCESSES = 16
 PHASES = ("spawn", "ingest", "normalise", "scan", "epochs", "report")
+TITLES = {  # Ray's process titles of the market's actors
+    "curator": ("ray::CuratorActor",),
+    "owner": ("ray::OwnerActor", "ray::OwnerHost"),
+    "compute": ("ray::ComputeNodeActor", "ray::ComputeNodeHost"),
+}
 
 
 def market_toml(
@@ -114,7 +119,7 @@ class TreeSampler:
 
     def __init__(self, period: float = 0.5) -> None:
         self.period = period
-        self.peaks: dict[str, dict[int, float]] = {"curator": {}, "owner": {}}
+        self.peaks: dict[str, dict[int, float]] = {"curator": {}, "owner": {}, "compute": {}}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -149,20 +154,19 @@ class TreeSampler:
                     title = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
                 except OSError:
                     continue
-                role = (
-                    "curator"
-                    if title.startswith(("ray::CuratorActor", "ray::CuratorHost"))
-                    else "owner"
-                    if title.startswith(("ray::OwnerActor", "ray::OwnerHost"))
-                    else None
-                )
+                role = next((r for r, t in TITLES.items() if title.startswith(t)), None)
                 if role is not None:
                     peak = peak_rss_mb(pid)
                     if peak:
                         self.peaks[role][pid] = max(self.peaks[role].get(pid, 0.0), peak)
 
     def result(self) -> dict[str, float]:
-        return {role: round(max(p.values(), default=0.0), 1) for role, p in self.peaks.items()}
+        """The curator's peak, the largest owner process's, and the sum of every sampled
+        process's peak (curator, owners, compute nodes: an upper bound of the market's memory,
+        shared library pages counted once per process)."""
+        out = {role: round(max(p.values(), default=0.0), 1) for role, p in self.peaks.items()}
+        out["sum"] = round(sum(v for p in self.peaks.values() for v in p.values()), 1)
+        return out
 
 
 @contextmanager
