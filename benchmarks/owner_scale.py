@@ -9,7 +9,7 @@ noise (``reproducible_noise``: a benchmark, nothing private). Two modes:
   parties, the epochs on a LoopbackTransport with simulated time.
 - ``ray``: ``dpmarket simulate`` (actors/run/market.py run_market) on a fresh local Ray with the
   owners co-located, ``owners_per_actor = ceil(K / 16)`` (at most 16 owner processes on two
-  cores).
+  cores; ``--owner-processes`` sets another count).
 
 Phases (seconds, wall clock): ``spawn`` (in-process: the parties constructed; Ray: connecting,
 the compute-node keys, the owner and curator actors asked for), ``ingest`` (in-process: the
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 RECORDS_PER_OWNER, DIM, P, NODES = 500, 20, 100, 3
-MAX_OWNER_PROCESSES = 16
+OWNER_PROCESSES = 16  # default; --owner-processes
 PHASES = ("spawn", "ingest", "normalise", "scan", "epochs", "report")
 TITLES = {  # Ray's process titles of the market's actors
     "curator": ("ray::CuratorActor",),
@@ -97,8 +97,9 @@ bound = 3.0
 """
 
 
-def per_actor_for(owners: int) -> int:
-    return math.ceil(owners / MAX_OWNER_PROCESSES)
+def per_actor_for(owners: int, processes: int = OWNER_PROCESSES) -> int:
+    """Owners per actor so that at most ``processes`` owner processes run."""
+    return math.ceil(owners / processes)
 
 
 def peak_rss_mb(pid: int | str = "self") -> float:
@@ -243,13 +244,15 @@ def run_inprocess(owners: int) -> dict[str, Any]:
     }
 
 
-def run_ray(owners: int, faults: str = "", tolerance: int | None = None) -> dict[str, Any]:
+def run_ray(
+    owners: int, faults: str = "", tolerance: int | None = None, processes: int = OWNER_PROCESSES
+) -> dict[str, Any]:
     """``dpmarket simulate`` of the benchmark's market on a fresh local Ray (module
     docstring); with ``faults`` (a [faults] body) the part-3 demonstration."""
     from dpmarket.actors.config.market import parse_market_config
     from dpmarket.actors.run.market import run_market
 
-    per_actor = per_actor_for(owners)
+    per_actor = per_actor_for(owners, processes)
     with tempfile.TemporaryDirectory(prefix="owner-scale-") as tmp:
         out = Path(tmp) / "out"
         text = market_toml(owners, str(out), per_actor, tolerance, faults)
@@ -278,11 +281,19 @@ def run_ray(owners: int, faults: str = "", tolerance: int | None = None) -> dict
         return row
 
 
-def _child(mode: str, owners: int) -> dict[str, Any]:
+def _child(mode: str, owners: int, processes: int) -> dict[str, Any]:
     """Run one (K, mode) in a subprocess; its last stdout line is its row."""
     env = os.environ | {"RAY_TMPDIR": tempfile.mkdtemp(prefix="ray-owner-scale-")}
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", mode, str(owners)],
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            mode,
+            str(owners),
+            "--owner-processes",
+            f"{processes}",
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -321,12 +332,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--owners", type=int, nargs="+", default=[16, 64, 256, 1024])
     parser.add_argument("--modes", nargs="+", default=["inprocess", "ray"])
+    parser.add_argument("--owner-processes", type=int, default=OWNER_PROCESSES)
     parser.add_argument("--child", nargs=2, metavar=("MODE", "K"), help=argparse.SUPPRESS)
     parser.add_argument("--plot", default=str(Path(__file__).with_name("owner_scale.png")))
     args = parser.parse_args()
     if args.child:
         mode, k = args.child[0], int(args.child[1])
-        print(json.dumps(run_inprocess(k) if mode == "inprocess" else run_ray(k)))
+        processes = args.owner_processes
+        row = run_inprocess(k) if mode == "inprocess" else run_ray(k, processes=processes)
+        print(json.dumps(row))
         return
     for mode in args.modes:
         if mode not in ("inprocess", "ray"):
@@ -335,7 +349,8 @@ def main() -> None:
     for mode in args.modes:
         for k in args.owners:
             print(f"... {mode} K = {k} (load: {os.getloadavg()[0]:.2f})", file=sys.stderr)
-            rows.append(_child(mode, k) | {"load_before": round(os.getloadavg()[0], 2)})
+            load = round(os.getloadavg()[0], 2)
+            rows.append(_child(mode, k, args.owner_processes) | {"load_before": load})
     header = f"{'mode':<10} {'K':>5} " + " ".join(f"{p:>9}" for p in PHASES)
     print(header + f" {'ms/epoch':>9} {'epochs':>6} {'cur MB':>7} {'own MB':>7} {'total s':>8}")
     for r in rows:
