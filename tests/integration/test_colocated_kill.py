@@ -12,30 +12,18 @@ from pathlib import Path
 import pytest
 
 from dpmarket.actors.commands.main import main
+from tests.integration.test_market import SMALL  # the small demo market's --set
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
 ROOT = Path(__file__).resolve().parents[2]
-MARKET = [
-    "--set",
+OWNERS = [
     "market.owners=24",
-    "--set",
     "market.owners_per_actor=4",
-    "--set",
     "market.tolerance=5",
-    "--set",
-    "market.summary_size=12",
-    "--set",
-    "data.n_points=2400",
-    "--set",
-    "data.n_test=300",
-    "--set",
-    "summary.validation_iterations=300",
-    "--set",
-    "summary.seed_iterations=300",
-    "--set",
-    "run.deadline_seconds=3.0",
+    "run.deadline_seconds=5.0",
 ]
+MARKET = [*SMALL, *(a for s in [*OWNERS, "data.n_points=2400"] for a in ("--set", s))]
 FIRST_ACTOR = ["owner-1", "owner-2", "owner-3", "owner-4"]  # owners-1-2-3-4
 
 
