@@ -223,9 +223,7 @@ def privacy_section(
     auction steps per epoch; the broadcast releases are the same for all and count once)."""
     out: dict[str, Any] = {"delta": delta, "neighbouring": None, "parties": {}}
     relations: set[str] = set()
-    # epsilons are a function of the events (and the discretisation) alone, never of the
-    # party's name: owners with the same events (most of a market's K) are accounted once
-    known: dict[tuple[Any, ...], dict[str, Any]] = {}
+    known: dict[tuple[Any, ...], dict[str, Any]] = {}  # equal events: accounted once (issue 29)
     for party, raw in sorted(ledgers.items()):
         ledger = PrivacyLedger.from_dict(raw)
         relations.update(ledger.relations())
@@ -234,19 +232,15 @@ def privacy_section(
         if key not in known:
             known[key] = party_epsilons(ledger, delta)
             if honest:
-                known[key]["against_colluders"] = _against(ledger, colluders, delta)
+                times = {"auction": len(colluders)}
+                pooled = [e for e in ledger.events for _ in range(times.get(e.mechanism, 1))]
+                against = PrivacyLedger(party, pooled).epsilon(delta, "pld")
+                known[key]["against_colluders"] = epsilon_value(against)
         out["parties"][party] = dict(known[key]) | {"events": raw}
     if len(relations) > 1:
         raise ValueError(f"privacy: the parties' events mix relations {sorted(relations)}")
     out["neighbouring"] = relations.pop() if relations else None
     return out
-
-
-def _against(ledger: PrivacyLedger, colluders: tuple[str, ...], delta: float) -> Any:
-    """An honest owner's PLD epsilon against the coalition (:func:`privacy_section`)."""
-    times = {"auction": len(colluders)}
-    pooled = [e for e in ledger.events for _ in range(times.get(e.mechanism, 1))]
-    return epsilon_value(PrivacyLedger(ledger.party, pooled).epsilon(delta, "pld"))
 
 
 def split_secure_phases(secure: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
