@@ -34,14 +34,17 @@ PLAN_EPS_OWNER, PLAN_EPS_VALIDATION = 1.0, 3.0  # the default plan's budgets (at
 
 @dataclass(frozen=True)
 class FaultConfig:
-    """Simulated faults: owners killed at an epoch, slow owners (seconds of delay per reply),
-    colluding owners, and the epoch at which the curator process is killed (then resumed)."""
+    """Simulated faults: owners killed at an epoch (``kill``: each in an actor of its own;
+    ``kill_actor``: the actor process hosting the owner, with every owner co-located in it by
+    ``owners_per_actor``), slow owners (seconds of delay per reply), colluding owners, and the
+    epoch at which the curator process is killed (then resumed)."""
 
     kill: dict[str, int] = field(default_factory=dict)
     slow: dict[str, float] = field(default_factory=dict)
     colluders: tuple[str, ...] = ()
     kill_curator_at: int | None = None
     kill_compute: tuple[str, ...] = ()
+    kill_actor: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

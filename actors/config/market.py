@@ -80,7 +80,7 @@ MARKET_SECTIONS = {
     "summary": {"mechanism"}
     | {f.name for f in dataclasses.fields(CuratorParams)}
     - {"p", "gamma", "h1_seed", "phase_timeout", "max_lost", "known_colluders", "center", "scale"},
-    "faults": {"kill", "slow", "colluders", "kill_curator_at", "kill_compute"},
+    "faults": {"kill", "slow", "colluders", "kill_curator_at", "kill_compute", "kill_actor"},
 }
 
 
@@ -101,13 +101,19 @@ def _choice(path: str, key: str, value: object, allowed: tuple[str, ...]) -> str
 def _faults(path: str, table: dict[str, Any], owners: tuple[str, ...]) -> FaultConfig:
     kill = table.get("kill", {})
     slow = table.get("slow", {})
+    kill_actor = table.get("kill_actor", {})
     colluders = table.get("colluders", [])
-    for key, mapping in (("kill", kill), ("slow", slow)):
+    for key, mapping in (("kill", kill), ("slow", slow), ("kill_actor", kill_actor)):
         if not isinstance(mapping, dict):
             raise ConfigError(f"{path}: [faults].{key}: expected a table of owner = value")
         unknown = sorted(set(mapping) - set(owners))
         if unknown:
             raise ConfigError(f"{path}: [faults].{key}: unknown owners {unknown}")
+    if both := sorted((set(kill) | set(slow)) & set(kill_actor)):  # those get actors of their own
+        raise ConfigError(
+            f"{path}: [faults].kill_actor: {both} also killed or slow alone ([faults].kill, "
+            "slow): an owner is alone in its actor or killed with the owners it shares one with"
+        )
     if not isinstance(colluders, list) or not set(colluders) <= set(owners):
         raise ConfigError(f"{path}: [faults].colluders: expected a list of owner names")
     at = table.get("kill_curator_at")
@@ -122,6 +128,7 @@ def _faults(path: str, table: dict[str, Any], owners: tuple[str, ...]) -> FaultC
         colluders=tuple(colluders),
         kill_curator_at=None if at is None else _int(path, "[faults].kill_curator_at", at, 1),
         kill_compute=tuple(kill_compute),
+        kill_actor={o: _int(path, f"[faults].kill_actor.{o}", e, 1) for o, e in kill_actor.items()},
     )
 
 

@@ -190,7 +190,7 @@ def check_remote_market(where: str, config: Any) -> None:
                 "are its own (in its agent's configuration)"
             )
     f = config.faults
-    simulated = set(f.kill) | set(f.slow) | set(f.colluders)
+    simulated = set(f.kill) | set(f.slow) | set(f.colluders) | set(f.kill_actor)
     clash = (simulated & set(remote.owners)) | (set(f.kill_compute) & set(remote.nodes))
     if clash:
         raise ConfigError(

@@ -25,15 +25,19 @@ __all__ = ["FaultPlan", "fault_verdicts"]
 @dataclass
 class FaultPlan:
     """Faults to inject. ``kill_at`` maps a party to the round from which it is dead (it neither
-    receives nor sends); ``delay`` adds seconds to every frame a party sends; ``drop`` decides per
-    frame (decoded view) whether it is lost."""
+    receives nor sends; under Ray it is given an actor of its own, so it dies alone);
+    ``kill_actor_at`` the same, except that under Ray the party keeps its place among co-located
+    owners and the whole actor process dies with it (in one process, where there are no actor
+    processes, only the party itself); ``delay`` adds seconds to every frame a party sends;
+    ``drop`` decides per frame (decoded view) whether it is lost."""
 
     kill_at: dict[str, int] = field(default_factory=dict)
     delay: dict[str, float] = field(default_factory=dict)
     drop: Callable[[Message], bool] | None = None
+    kill_actor_at: dict[str, int] = field(default_factory=dict)
 
     def is_dead(self, party: str, round_: int) -> bool:
-        start = self.kill_at.get(party)
+        start = self.kill_at.get(party, self.kill_actor_at.get(party))
         return start is not None and round_ >= start
 
 
@@ -52,10 +56,13 @@ def fault_verdicts(
     faults: Any,  # actors.config.FaultConfig
     payload: dict[str, Any],
     tolerance: int,
+    hosts: dict[str, list[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per simulated fault: ``fault``, ``party``, ``verdict`` (tolerated / refused /
     not triggered) and ``detail``. Only called for runs that completed: a refused run leaves no
-    report (its refusal is the command's exit status 3 and message)."""
+    report (its refusal is the command's exit status 3 and message). ``hosts``: for an owner
+    of ``kill_actor``, every owner its actor process hosted (itself included); T counts owners
+    lost, never actors."""
     lost: dict[str, int] = payload.get("lost", {})
     secure = payload.get("secure_phases", {})
     out: list[dict[str, Any]] = []
@@ -79,6 +86,24 @@ def fault_verdicts(
          "missed its deadline at epoch {} and was dropped", "answered within every deadline")
         for owner, seconds in sorted(faults.slow.items())
     ]  # fmt: skip
+    for owner, epoch in sorted(getattr(faults, "kill_actor", {}).items()):
+        hosted = sorted((hosts or {}).get(owner, [owner]))
+        gone = [o for o in hosted if o in lost]
+        out.append(
+            {
+                "fault": f"owner actor killed at epoch {epoch}",
+                "party": owner,
+                "verdict": "tolerated" if gone else "not triggered",
+                "owners_lost": gone,
+                "detail": (
+                    f"its process hosted {len(hosted)} owner(s) ({', '.join(hosted)}): "
+                    f"{len(gone)} lost at epoch {lost[gone[0]]}, each counted against T; the "
+                    "run went on without them"
+                    if gone
+                    else "the run finished before that epoch"
+                ),
+            }
+        )
     for owner, fault, when_lost, otherwise in owner_faults:
         seen = owner in lost
         out.append(

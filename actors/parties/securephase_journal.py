@@ -34,6 +34,7 @@ twice and nothing is released twice.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -233,6 +234,8 @@ async def run_secure_phases(
     host.record.setdefault("seq", 0)
     host.journal()  # the journal exists before the first round opens
     hub = DcaHub(config, nodes, owners, PrivacyLedger("dca"))
+    clock = time.perf_counter
+    started = clock()
     if not session_ready:
         try:
             await hub.setup()
@@ -242,14 +245,20 @@ async def run_secure_phases(
     k, timeout = int(plan["n_features"]), plan["timeout"]
     out: dict[str, Any] = {"nodes": list(config.nodes), "tolerance": config.tolerance,
                            "shares": config.shares}  # fmt: skip
+    # wall-clock seconds of the set-up and of each round (what every owner observes)
+    seconds = out["seconds"] = {"setup": clock() - started}
+    started = clock()
     moments = await _journaled_round(
         host, hub, rounds, "normalise", 1, "moments", rounds.options("normalise"), timeout
     )
+    seconds["normalise"] = clock() - started
     out["normalise"] = moments_summary(moments, k)
     if (refused := host.refuse(moments, "secure sum: normalise")) is not None:
         return out | {"refused": refused}
     sk = plan["sketch"]
+    started = clock()
     counters = await _journaled_round(host, hub, rounds, "scan", 2, "sketch", sk, timeout)
+    seconds["scan"] = clock() - started
     if (refused := host.refuse(counters, "secure sum: scan")) is not None:
         return out | {"refused": refused}
     n = host.validation.shape[1]

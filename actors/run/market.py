@@ -91,14 +91,19 @@ def _drive(
     snapshot: Any,
     attempt_dir: Path,
     ledger_run: str = "",
+    phases: dict[str, float] | None = None,
 ) -> Any:
     """Spawn the actors (with ``[remote]``: the gateway first, and the agents' stand-ins:
     actors/run/remote.py), ingest, run the curator, kill and resume it if the config says so."""
 
     faults = config.faults
-    plan = FaultPlan(kill_at=dict(faults.kill), delay=dict(faults.slow))
+    plan = FaultPlan(
+        kill_at=dict(faults.kill), delay=dict(faults.slow), kill_actor_at=dict(faults.kill_actor)
+    )
     remote = start_remote(config)  # agents dial in before anything else of the run exists
     payload: Any = None
+    phases = {} if phases is None else phases
+    tick = time.perf_counter()
     try:
         # the secure-sum session, node keys and round plan exist before any owner actor does
         prep = prepare_secure(
@@ -126,8 +131,9 @@ def _drive(
         if remote is not None:
             market.remote_nodes = dict(remote.nodes)
             offer_purchase(remote, config, run_plan.params, prep, inputs.schema, ledger_run)
+        phases["spawn"] = time.perf_counter() - tick
         payload = _ingest_and_buy(
-            config, inputs, market, prep, plan, journal, snapshot, ledger_run, attempt_dir
+            config, inputs, market, prep, plan, journal, snapshot, ledger_run, attempt_dir, phases
         )
         if remote is not None and isinstance(payload, dict):
             payload["remote"] = remote.public()
@@ -148,10 +154,12 @@ def _ingest_and_buy(
     snapshot: Any,
     ledger_run: str,
     attempt_dir: Path,
+    phases: dict[str, float],
 ) -> Any:
     """Local owners' files checked and followed, every owner caught up, then the purchase."""
     import ray
 
+    tick = time.perf_counter()
     local = {o: h for o, h in market.owners.items() if not is_remote(h)}
     try:  # owners' files readable on their nodes, every actor's dpmarket the driver's: or exit 2
         preflight_owners(local | {"curator": market.curator}, inputs.files or {}, config.placement)
@@ -167,7 +175,10 @@ def _ingest_and_buy(
             wait_for_ingest(market.owners)
         if inputs.writer is not None:
             inputs.writer.start()
-        return purchase(config, inputs.owners, market, prep, plan, journal, snapshot, ledger_run)
+        phases["ingest"] = time.perf_counter() - tick
+        return purchase(
+            config, inputs.owners, market, prep, plan, journal, snapshot, ledger_run, phases
+        )
     finally:
         if inputs.writer is not None:
             inputs.writer.stop()
@@ -183,23 +194,35 @@ def purchase(
     journal: Path,
     snapshot: Any,
     ledger_run: str,
+    phases: dict[str, float] | None = None,
 ) -> Any:
     """One purchase on spawned, ingesting actors: secure phases, summary, owners, budgets; the
     curator's payload (state "refused" when T was exceeded). Also each request of a config
-    with ``[[requests]]`` (actors/run/requests.py), on the same owner actors."""
+    with ``[[requests]]`` (actors/run/requests.py), on the same owner actors. ``phases``
+    receives the seconds of normalise (with the nodes' spawn and the session's set-up), scan
+    and the epochs."""
+    phases = {} if phases is None else phases
+    tick = time.perf_counter()
     secure = secure_phases(config, prep, market, snapshot, journal)
+    phases["scan"] = float(secure.get("seconds", {}).get("scan", 0.0))
+    phases["normalise"] = time.perf_counter() - tick - phases["scan"]
     if "refused" in secure:  # a secure round short of T: nothing after it runs
         refused: dict[str, Any] = secure["refused"]
         return refused
     standard = standardize(config, owners, market, secure, snapshot)
     payload = summarise(config, market, plan, journal, snapshot)
+    phases["epochs"] = float(payload.get("run_seconds", 0.0))
     if payload.get("refusal", {}).get("curator_lost"):  # lost too often: nothing to report
         return payload
     payload["secure_phases"] = secure | {
         "standardize": standard,
         "refreshes": payload.pop("refreshes", []),
     }
-    payload["fault_verdicts"] = fault_verdicts(config.faults, payload, config.tolerance)
+    hosts = {
+        o: [n for n, h in market.owners.items() if h == market.owners[o]]
+        for o in config.faults.kill_actor
+    }
+    payload["fault_verdicts"] = fault_verdicts(config.faults, payload, config.tolerance, hosts)
     # a node may be gone by now: unreachable owners are named, never a crash (exit 3 stays 3)
     payload["owners"] = survivor_reports(market.owners, payload["transport"]["dead"])
     payload["budgets"] = budget_report(
@@ -266,6 +289,7 @@ def run_market(
         journal_config(config, journal_dir)  # what resume restores (actors/config/journaled.py)
     ledger_run = ledger_run_id(journal_dir, snapshot is None and not rerun, config)
     timings: dict[str, float] = {}
+    phases: dict[str, float] = {}
     start = time.perf_counter()
     ray_info = connect(address)
     if connected is not None:
@@ -273,12 +297,17 @@ def run_market(
     timings["start"] = time.perf_counter() - start
     tick = time.perf_counter()
     payload = _drive(
-        config, inputs, run_plan, journal_dir / "journal.json", snapshot, attempt_dir, ledger_run
-    )
+        config, inputs, run_plan, journal_dir / "journal.json", snapshot, attempt_dir,
+        ledger_run, phases,
+    )  # fmt: skip
     timings["ingest_and_summarise"] = time.perf_counter() - tick
     if isinstance(payload, dict) and "run_seconds" in payload:
         timings["summarise"] = float(payload["run_seconds"])  # the curator's run: the epochs
-    return market_outcome(config, out, inputs, payload, ray_info, timings, attempt_dir)
+    tick = time.perf_counter()
+    outcome = market_outcome(config, out, inputs, payload, ray_info, timings, attempt_dir)
+    phases["spawn"] = phases.get("spawn", 0.0) + timings["start"]  # connecting to Ray too
+    outcome.phase_seconds = phases | {"report": time.perf_counter() - tick}
+    return outcome
 
 
 def _journaled_state(journal_dir: Path) -> str | None:

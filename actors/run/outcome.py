@@ -3,8 +3,8 @@
 :class:`MarketOutcome` is what ``run_market``, ``resume_market`` and ``run_requests`` return
 (exit code, message, both reports, rejects per party); :func:`market_outcome` turns a finished
 purchase's payload into the files in ``OUT`` (actors/run/report.py) or, for a refused one, into
-exit 3 with what to do next. In simulation mode :func:`_utility` measures the summary against the
-harness's own baselines (never the curator's data).
+exit 3 with what to do next. In simulation mode the summary is measured against the harness's
+own baselines (never the curator's data: actors/run/outputs.py ``simulation_utility``).
 """
 
 from __future__ import annotations
@@ -15,16 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from dpmarket.actors.config.market import MarketConfig
-from dpmarket.actors.harness.evaluation import svm_accuracy
-from dpmarket.actors.randomness import public_generator
 from dpmarket.actors.run.ingest import StreamWriter
-from dpmarket.actors.run.outputs import mmd2_by_prefix
+from dpmarket.actors.run.outputs import simulation_utility
 from dpmarket.actors.run.report import CONSUMER_REPORT, write_outputs
 from dpmarket.actors.run.spawn import OwnerInputs
-from dpmarket.protocol.summary.objective import mmd2
 from dpmarket.streams.records.files import Schema
 from dpmarket.streams.synthetic import Scenario
 
@@ -51,6 +46,8 @@ class MarketOutcome:
     # party -> (records rejected, its rejects file) for every party that read files
     rejects: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
     requests: dict[str, MarketOutcome] = dataclasses.field(default_factory=dict)  # [[requests]]
+    # wall-clock seconds of spawn, ingest, normalise, scan, epochs, report (benchmarks/)
+    phase_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -65,33 +62,6 @@ class MarketInputs:
     writer: StreamWriter | None = None
     headers: tuple[str, ...] = ()  # CSV input files whose first line is a header
     consumer_rejects: dict[str, int] = dataclasses.field(default_factory=dict)
-
-
-def _utility(
-    scenario: Scenario, payload: dict[str, Any], config: MarketConfig
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Harness-side utility of the summary against exact greedy and uniform (simulation only)."""
-    from dpmarket.actors.harness.inprocess import baselines
-
-    p, gamma = len(payload["provenance"]), scenario.gamma
-    if payload["points"] is None or p == 0:
-        return {}, {}
-    base = baselines(scenario, p, 140, gamma, config.seed, public_generator(config.seed + 1))
-    test_y = scenario.test_y.astype(np.float64)
-    methods = {
-        "private": (payload["points"], payload["labels"]),
-        "greedy": base.greedy,
-        "uniform": base.uniform,
-    }
-    utility = {
-        name: {
-            "mmd2": mmd2(X, scenario.test_X, gamma),
-            "svm_accuracy": svm_accuracy(X, y, scenario.test_X, test_y),
-        }
-        for name, (X, y) in methods.items()
-    }
-    curves = {name: mmd2_by_prefix(X, scenario.test_X, gamma) for name, (X, _) in methods.items()}
-    return utility, curves
 
 
 def market_outcome(
@@ -122,7 +92,7 @@ def market_outcome(
     curves: dict[str, Any] = {}
     if inputs.scenario is not None:
         tick = time.perf_counter()
-        utility, curves = _utility(inputs.scenario, payload, config)
+        utility, curves = simulation_utility(inputs.scenario, payload, config.seed)
         timings["utility"] = time.perf_counter() - tick
     run = config.public_record() | {
         "noise": config.noise.describe(),

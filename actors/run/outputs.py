@@ -15,9 +15,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dpmarket.protocol.summary.objective import rbf_gram
+from dpmarket.actors.harness.evaluation import svm_accuracy
+from dpmarket.actors.randomness import public_generator
+from dpmarket.protocol.summary.objective import mmd2, rbf_gram
+from dpmarket.streams.synthetic import Scenario
 
-__all__ = ["mmd2_by_prefix", "write_plots", "write_summary"]
+__all__ = ["mmd2_by_prefix", "simulation_utility", "write_plots", "write_summary"]
 
 F64 = npt.NDArray[np.float64]
 
@@ -92,3 +95,30 @@ def write_plots(out: Path, privacy: dict[str, Any], curves: dict[str, F64]) -> N
     fig.tight_layout()
     fig.savefig(out / "privacy.png", dpi=100)
     plt.close(fig)
+
+
+def simulation_utility(
+    scenario: Scenario, payload: dict[str, Any], seed: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Harness-side utility of the summary against exact greedy and uniform (simulation only)."""
+    from dpmarket.actors.harness.inprocess import baselines
+
+    p, gamma = len(payload["provenance"]), scenario.gamma
+    if payload["points"] is None or p == 0:
+        return {}, {}
+    base = baselines(scenario, p, 140, gamma, seed, public_generator(seed + 1))
+    test_y = scenario.test_y.astype(np.float64)
+    methods = {
+        "private": (payload["points"], payload["labels"]),
+        "greedy": base.greedy,
+        "uniform": base.uniform,
+    }
+    utility = {
+        name: {
+            "mmd2": mmd2(X, scenario.test_X, gamma),
+            "svm_accuracy": svm_accuracy(X, y, scenario.test_X, test_y),
+        }
+        for name, (X, y) in methods.items()
+    }
+    curves = {name: mmd2_by_prefix(X, scenario.test_X, gamma) for name, (X, _) in methods.items()}
+    return utility, curves

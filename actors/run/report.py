@@ -225,18 +225,20 @@ def privacy_section(
     auction steps per epoch; the broadcast releases are the same for all and count once)."""
     out: dict[str, Any] = {"delta": delta, "neighbouring": None, "parties": {}}
     relations: set[str] = set()
+    known: dict[tuple[Any, ...], dict[str, Any]] = {}  # equal events: accounted once (issue 29)
     for party, raw in sorted(ledgers.items()):
         ledger = PrivacyLedger.from_dict(raw)
         relations.update(ledger.relations())
-        entry = party_epsilons(ledger, delta) | {"events": raw}
-        if colluders and party not in colluders and party != "validation":
-            pooled = PrivacyLedger(party)
-            for event in ledger.events:
-                times = len(colluders) if event.mechanism == "auction" else 1
-                for _ in range(times):
-                    pooled.record(event)
-            entry["against_colluders"] = epsilon_value(pooled.epsilon(delta, "pld"))
-        out["parties"][party] = entry
+        honest = bool(colluders) and party not in colluders and party != "validation"
+        key = (ledger.value_discretization_interval, honest, *ledger.events)
+        if key not in known:
+            known[key] = party_epsilons(ledger, delta)
+            if honest:
+                times = {"auction": len(colluders)}
+                pooled = [e for e in ledger.events for _ in range(times.get(e.mechanism, 1))]
+                against = PrivacyLedger(party, pooled).epsilon(delta, "pld")
+                known[key]["against_colluders"] = epsilon_value(against)
+        out["parties"][party] = dict(known[key]) | {"events": raw}
     if len(relations) > 1:
         raise ValueError(f"privacy: the parties' events mix relations {sorted(relations)}")
     out["neighbouring"] = relations.pop() if relations else None

@@ -34,7 +34,7 @@ from dpmarket.actors.studies.plots import write_plots
 __all__ = ["summarise", "write_study"]
 
 
-def _stat(values: list[float], fn: str) -> float | None:
+def _stat(values: list[float | None], fn: str) -> float | None:
     finite = [v for v in values if v is not None]
     if not finite:
         return None

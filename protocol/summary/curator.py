@@ -242,7 +242,7 @@ class Curator(EpochCycle):
         budget = self.params.max_lost
         if budget is not None and len(self.lost) + self.params.known_colluders > budget:
             return self._refuse(phase)
-        if self._waiting():
+        if not self._all_answered():
             return []
         return self._close_bidding() if phase == "bidding" else self._close_asking()
 

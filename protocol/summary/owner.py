@@ -209,8 +209,11 @@ class Owner:
     def receive(self, msg: Message) -> list[Message]:
         return dispatch(self.name, self.run, self.state, self._table, msg)
 
+    # an owner has no deadlines of its own: a transport need not tell it the time
+    keeps_deadlines = False
+
     def expire(self, now: float) -> list[Message]:
-        return []  # an owner has no deadlines of its own
+        return []  # no deadlines (keeps_deadlines)
 
     # --------------------------------------------------------------------------- handlers
     def _on_setup(self, msg: Message) -> list[Message]:

@@ -88,6 +88,46 @@ def test_fault_verdicts_say_what_was_tolerated_and_what_never_triggered() -> Non
     assert all(v["t_used"] == "3 of T = 3" for v in fault_verdicts(faults, payload, 3))
 
 
+def test_a_killed_actor_stays_among_its_co_located_owners_and_every_owner_lost_counts() -> None:
+    """issue 29 part 3: ``kill_actor`` keeps the owner in its group (the process dies with all
+    of them); the verdict names every owner its process hosted and T counts owners."""
+    faults = FaultPlan(kill_at={"owner-7": 2}, kill_actor_at={"owner-2": 3})
+    assert owner_groups(NAMES, 3, faults, {}) == [["owner-7"], NAMES[0:3], NAMES[3:6]]
+    assert faults.is_dead("owner-2", 3) and not faults.is_dead("owner-2", 2)
+    assert not faults.is_dead("owner-1", 3)  # in one process only the named owner dies
+    config = FaultConfig(kill_actor={"owner-2": 3, "owner-5": 9})
+    payload = {"lost": {"owner-1": 3, "owner-2": 3, "owner-3": 3}}
+    hosts = {"owner-2": NAMES[0:3], "owner-5": NAMES[3:6]}
+    hit, missed = fault_verdicts(config, payload, 5, hosts)
+    assert hit["party"] == "owner-2" and hit["verdict"] == "tolerated"
+    assert hit["owners_lost"] == ["owner-1", "owner-2", "owner-3"]
+    assert "3 lost at epoch 3" in hit["detail"] and hit["t_used"] == "3 of T = 5"
+    assert missed["verdict"] == "not triggered" and missed["owners_lost"] == []
+
+
+@pytest.mark.parametrize(
+    ("faults", "needle"),
+    [
+        ("kill_actor = { owner-9 = 3 }", r"\[faults\].kill_actor: unknown owners \['owner-9'\]"),
+        ("kill_actor = { owner-1 = 0 }", r"\[faults\].kill_actor.owner-1"),
+        ("kill_actor = [1]", r"\[faults\].kill_actor: expected a table"),
+        (
+            "kill = { owner-1 = 3 }\nkill_actor = { owner-1 = 3 }",
+            r"\[faults\].kill_actor: \['owner-1'\] also killed or slow alone",
+        ),
+    ],
+)
+def test_kill_actor_is_checked_when_the_config_is_read(
+    tmp_path: Path, faults: str, needle: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(f"[market]\nowners = 4\n[faults]\n{faults}\n")
+    with pytest.raises(ConfigError, match=needle):
+        load_market_config(path)
+    path.write_text("[market]\nowners = 4\n[faults]\nkill_actor = { owner-2 = 4 }\n")
+    assert load_market_config(path).faults.kill_actor == {"owner-2": 4}
+
+
 def _scan(value: object) -> RoundResult:
     return RoundResult(
         round=2,

@@ -9,6 +9,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from dpmarket.actors.parties.faults import FaultPlan
 from dpmarket.actors.parties.transport import MAX_FAULTS, LoopbackTransport
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.wire.codec import Message, encode
@@ -92,3 +93,32 @@ def test_a_hostile_owner_beyond_t_refuses_the_run() -> None:
     transport.send(curator.start())
     transport.run_until(lambda: curator.state in ("done", "refused"))
     assert curator.state == "refused" and curator.refusal["lost"] == [hostile.name]
+
+
+class CountingOwner(Owner):
+    """An owner that counts how often a transport tells it the time."""
+
+    told = 0
+
+    def expire(self, now: float) -> list[Message]:
+        CountingOwner.told += 1
+        return super().expire(now)
+
+
+def test_the_loopback_tells_only_parties_with_deadlines_the_time() -> None:
+    """issue 29: a tick after every frame asked all K owners (O(K^2) per epoch); owners keep
+    no deadlines and are skipped, while the curator's deadlines still fire: a silent owner is
+    dropped at its deadline and the run completes."""
+    scenario = small_scenario(11)
+    params = small_params(scenario, max_lost=1)
+    curator = small_curator(RUN, scenario, params, seed=4)
+    owners = [
+        CountingOwner(n, RUN, X, y)
+        for n, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
+    ]
+    silent = owners[2].name
+    transport = LoopbackTransport([curator, *owners], faults=FaultPlan(kill_at={silent: 3}))
+    transport.send(curator.start())
+    transport.run_until(lambda: curator.state in ("done", "refused"))
+    assert curator.state == "done" and curator.lost == {silent: 3}
+    assert CountingOwner.told == 0
