@@ -110,7 +110,12 @@ def test_review_accepts_an_offer_within_the_policy() -> None:
 
 def test_review_names_every_excess() -> None:
     params = CuratorParams(
-        p=10, allocate=True, allocation_sigma=0.5, max_points=20, final_selection="exact"
+        p=10,
+        allocate=True,
+        allocation_sigma=0.5,
+        max_points=20,
+        final_selection="exact",
+        max_deliveries=1,
     )
     reasons = review(_policy(min_noise={"normalise": 3.0, "profile": 1.0}), _plan(rounds=2), params)
     assert any("'normalise'" in r and "plans 2 round(s)" in r and "admits 1" in r for r in reasons)
