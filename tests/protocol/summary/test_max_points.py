@@ -119,8 +119,11 @@ def test_allocate_select_buys_exactly_its_budget_and_resumes_within_it(scenario:
         snap, scenario.validation, scenario.seed_set, rng=np.random.default_rng(4)
     )
     assert resumed.quotas == second.quotas
+    hedge = dict(second.random_quotas)  # the plan's hedge: the budget beyond p, at random
+    assert sum(hedge.values()) == 5 and resumed.random_quotas == hedge
     _run(resumed, _owners(scenario, floor=params.profile_floor), resumed.resume())
     assert resumed.state == "done" and resumed.transfers.distinct_points <= 15
+    assert resumed.random_quotas == hedge  # other coins after the resume: never drawn again
     # the histogram (the default rule) is charged once per owner, not again on resume
     for owner in names:
         labels = [e.label for e in resumed.ledgers[owner].events]
