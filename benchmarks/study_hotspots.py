@@ -5,8 +5,8 @@
 
 One trial of configs/studies/thousand.toml's cell (K, T = 10, q = 0.005) per K, run twice in
 this process with the same seed: the baseline rebinds, in actors/studies/trial.py, the
-transport to the plain LoopbackTransport (every party ticked after every frame: K + 1 calls
-per frame) and the curator to a subclass whose epoch-answer check is the old one (the waiting
+transport to a LoopbackTransport ticking every party after every frame, as before (K + 1
+calls per frame) and the curator to a subclass whose epoch-answer check is the old one (the waiting
 set built on every answer, O(K)); the current run uses trial.py as it is (only the curator
 ticked; answers counted first). Both must return the same trial (every field but the wall
 time), so the ratio is of the same work. Times are CPU seconds of this process
@@ -43,14 +43,15 @@ class OldCurator(Curator):
 class OldTransport(LoopbackTransport):
     """The loopback transport as a trial used it before: every party ticked after every frame."""
 
-    def __init__(self, parties: list[Any], faults: FaultPlan, clocked: list[str]) -> None:
+    def __init__(self, parties: list[Any], faults: FaultPlan | None = None) -> None:
         super().__init__(parties, faults)
+        self._timed = list(self.parties.values())
 
 
 def _run(cell: Any, study: Any, seed: int, old: bool) -> tuple[dict[str, Any], float]:
-    saved = trial.StudyTransport, trial.Curator
+    saved = trial.LoopbackTransport, trial.Curator
     if old:
-        trial.StudyTransport, trial.Curator = OldTransport, OldCurator  # type: ignore[misc]
+        trial.LoopbackTransport, trial.Curator = OldTransport, OldCurator  # type: ignore[misc]
     try:
         tick = time.process_time()
         out = trial.run_trial(
@@ -58,7 +59,7 @@ def _run(cell: Any, study: Any, seed: int, old: bool) -> tuple[dict[str, Any], f
         )
         return out, time.process_time() - tick
     finally:
-        trial.StudyTransport, trial.Curator = saved  # type: ignore[misc]
+        trial.LoopbackTransport, trial.Curator = saved  # type: ignore[misc]
 
 
 def main() -> None:

@@ -70,23 +70,6 @@ __all__ = [
 F64 = npt.NDArray[np.float64]
 
 
-class StudyTransport(LoopbackTransport):
-    """The loopback transport with the clock given only to the parties that keep deadlines (a
-    trial's curator): an owner has none (``Owner.expire`` returns nothing), and ticking K
-    owners after every frame made a trial's summary phase grow as K^2 (K frames per epoch,
-    each followed by K + 1 ticks). What is delivered, and when, is the same frame for frame."""
-
-    def __init__(self, parties: list[Any], faults: FaultPlan, clocked: list[str]) -> None:
-        super().__init__(parties, faults)
-        self.clocked = [self.parties[name] for name in clocked]
-
-    def tick(self) -> None:
-        for party in self.clocked:
-            out = party.expire(self.now)
-            if out:
-                self.send(out)
-
-
 @dataclass(frozen=True)
 class FaultDraw:
     """A trial's faults: owner -> (phase, epoch) for drops (epoch 0 in a secure phase),
@@ -343,11 +326,11 @@ def run_trial(
         noise.generator("curator"),
     )  # fmt: skip
     secure = trial_secure_phases(config, scenario, curator, draw, noise)
-    transport: StudyTransport | None = None
+    transport: LoopbackTransport | None = None
     if secure.refused is None:
         kill = {o: (0 if phase != "epochs" else epoch) for o, (phase, epoch) in draw.drops.items()}
         plan = FaultPlan(kill, draw.slow)
-        transport = StudyTransport([curator, *owners.values()], plan, [curator.name])
+        transport = LoopbackTransport([curator, *owners.values()], plan)  # ticks the curator only
         transport.send(curator.start())
         transport.run_until(lambda: curator.state in ("done", "refused"))
     done = curator.state == "done"

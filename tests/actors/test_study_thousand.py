@@ -106,17 +106,22 @@ def test_completion_at_1024_owners_agrees_with_the_closed_form(tmp_path: Path) -
 
 
 def test_study_transport_delivers_what_the_loopback_does() -> None:
-    """The trial's transport (only the curator ticked) and the loopback transport (every party
-    ticked) run the same faulty market to the same result, frame for frame; at every frame the
-    curator's counted check of an epoch's answers agrees with the waiting set it replaces."""
+    """The trial's transport (the loopback, only the curator ticked: owners keep no deadlines)
+    and one that ticks every party, as before, run the same faulty market to the same result,
+    frame for frame; at every frame the curator's counted check of an epoch's answers agrees
+    with the waiting set it replaces."""
     import numpy as np
 
     from dpmarket.actors.parties.transport import FaultPlan, LoopbackTransport
-    from dpmarket.actors.studies.trial import StudyTransport
     from dpmarket.protocol.summary.curator import Curator
     from dpmarket.protocol.summary.owner import Owner
     from dpmarket.protocol.wire.codec import Message
     from tests.small import small_params, small_scenario
+
+    class EveryPartyTicked(LoopbackTransport):
+        def __init__(self, parties: list[object], faults: FaultPlan) -> None:
+            super().__init__(parties, faults)  # type: ignore[arg-type]
+            self._timed = list(self.parties.values())
 
     scenario = small_scenario(5)
     names = list(scenario.owner_names)
@@ -139,10 +144,7 @@ def test_study_transport_delivers_what_the_loopback_does() -> None:
             for i, (n, (X, y)) in enumerate(zip(names, scenario.owners, strict=True))
         ]
         plan = FaultPlan(kill_at={names[0]: 3}, delay={names[1]: 4.0})
-        if kind is StudyTransport:
-            transport: LoopbackTransport = StudyTransport([curator, *owners], plan, ["curator"])
-        else:
-            transport = LoopbackTransport([curator, *owners], plan)
+        transport = kind([curator, *owners], plan)
         transport.send(curator.start())
         transport.run_until(lambda: curator.state in ("done", "refused"))
         result = curator.result()
@@ -152,7 +154,7 @@ def test_study_transport_delivers_what_the_loopback_does() -> None:
             transport.frames_sent, transport.bytes_sent,
         )  # fmt: skip
 
-    study, loopback = run(StudyTransport), run(LoopbackTransport)
+    study, loopback = run(LoopbackTransport), run(EveryPartyTicked)
     assert study == loopback
     assert study[0] == "done" and set(study[1]) == {names[0], names[1]}  # both faults counted
     assert checked and all(checked)
