@@ -23,8 +23,10 @@ generator, reproducible noise as in every benchmark): random-select, allocate-se
 (``--floor``), hedge-select@S (allocate-select with ``random_share`` S for each S of
 ``--shares``; "auto" is the plan's rule, the budget beyond p), herding-select held to the same
 ``max_points`` (``--candidates`` herding candidates), at max_points = ``--factors`` x p; and
-"default": the market without ``[summary]`` (herding-select, unbounded), with random-select and
-the hedges buying exactly the points it accessed on that seed (max_points 0 in the rows).
+"default": herding-select unbounded, the market's default before issue 30 (the market without
+``[summary]`` now buys by random-select at (K + 1) p, the points this row accesses; this row is
+the measurement behind that change), with random-select and the hedges buying exactly the
+points it accessed on that seed (max_points 0 in the rows).
 eps_owner <= 1, eps_validation <= 3 at delta 1e-5 (PLD). Gap closed = (uniform - mechanism) /
 (uniform - greedy), MMD^2 to the consumer's test set, per seed. random-select runs ``--draws``
 times per seed and cell (its own coins each time) and counts as the mean of its draws; its
@@ -174,8 +176,8 @@ MECHANISMS = (
     "default",
 )  # fmt: skip
 """hedge-select: allocate-select with ``random_share`` (each share of ``--shares``, labelled
-"hedge-select@SHARE"); default: the market without ``[summary]`` (herding-select, unbounded,
-``--candidates`` herding candidates), against random-select at the points it accessed."""
+"hedge-select@SHARE"); default: herding-select unbounded (the market's default before issue
+30; ``--candidates`` herding candidates), against random-select at the points it accessed."""
 
 
 def params_of(
@@ -194,7 +196,7 @@ def params_of(
         f = args.floor if mech == "allocate-floor-select" else 0.0
         plan = plan_allocation(1.0, 1e-5, p, cap, floor=f, random_share=0.0)
         return dataclasses.replace(base, **plan)
-    if mech == "default":  # no [summary]: the plan's herding-select, no max_points
+    if mech == "default":  # the earlier default: the plan's herding-select, no max_points
         return dataclasses.replace(base, n_candidates=args.candidates)
     return dataclasses.replace(base, max_points=cap, n_candidates=args.candidates)
 

@@ -175,7 +175,8 @@ def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None)
     """Print the public ``report`` and, when given, the consumer's utility
     (actors/run/report.py)."""
     outcome, parsimony = report["outcome"], report["parsimony"]
-    print(f"state {outcome['state']} after {outcome['epochs']} epochs: {outcome['reason']}")
+    bought = f" ({parsimony['mechanism']})" if parsimony.get("mechanism") else ""
+    print(f"state {outcome['state']} after {outcome['epochs']} epochs{bought}: {outcome['reason']}")
     accessed = (consumer or {}).get("parsimony") or parsimony  # schema 2 before issue 24: public
     if "distinct_points" in accessed:
         print(

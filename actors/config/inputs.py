@@ -24,7 +24,7 @@ from dpmarket.protocol.summary.allocate import plan_allocation
 from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.protocol.summary.params import MARKET_MECHANISMS, ParamError
 from dpmarket.protocol.summary.plan import plan_releases
-from dpmarket.protocol.summary.random_select import plan_random_select
+from dpmarket.protocol.summary.random_select import default_budget, plan_random_select
 from dpmarket.streams.records.files import Schema
 
 __all__ = ["PLAN_EPS_OWNER", "PLAN_EPS_VALIDATION", "FaultConfig", "MarketConfig"]
@@ -104,8 +104,9 @@ class MarketConfig:
         allocate-select (``mechanism = "allocate-select"``, ``allocate = true``, or a
         ``max_points`` without ``allocate = false``) adds its plan (``max_points`` 1.5 p unless
         given; the histogram's noise spends eps_owner); random-select (``mechanism =
-        "random-select"``) adds its plan (``max_points`` 1.5 p unless given; nothing released,
-        protocol/summary/random_select.py).
+        "random-select"``, and the default: no ``[summary]``, or one without a steering key)
+        adds its plan (``max_points`` the default budget (K + 1) p unless given; nothing
+        released, protocol/summary/random_select.py).
         """
         eps_validation = self.overrides.get("eps_validation", PLAN_EPS_VALIDATION)
         if (
@@ -147,7 +148,7 @@ class MarketConfig:
             rule = "mixture" if self.overrides.get("allocation_rule") == "mixture" else "histogram"
             extra = plan_allocation(PLAN_EPS_OWNER, self.delta, p, budget, rule)
         elif mechanism == "random-select":  # summary/random_select.py
-            extra = plan_random_select(p, budget)
+            extra = plan_random_select(p, budget or default_budget(p, self.owners))
         overrides = {k: v for k, v in self.overrides.items() if k != "mechanism"}
         return dataclasses.replace(base, **(plan.overrides() | extra | overrides))
 

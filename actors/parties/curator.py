@@ -317,6 +317,7 @@ def result_payload(res: SummaryResult, curator: Curator, transport: RayTransport
         "epochs": res.epochs,
         "exploration_epochs": min(res.epochs, curator.params.explore_epochs(len(curator.owners))),
         "final_selection": curator.params.final_selection,
+        "mechanism": curator.params.mechanism,
         "purchased": len(curator.pool),
         "max_points": curator.params.max_points,
         "allocation": allocation_record(curator.params),

@@ -33,7 +33,9 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
   party's events were charged under (read from the events; null when nothing was charged),
   stated once for the run (a public setting; a report whose ledgers mix relations is refused).
 - ``parsimony``: ``summary_size`` (the q every owner received last), ``validation_size`` (m),
-  ``final_selection``, ``max_points`` (null: unbounded; the curator never receives more distinct
+  ``final_selection``, ``mechanism`` (the purchase mechanism's public name, e.g.
+  "random-select", the default, or "herding-select"; null in reports written before it),
+  ``max_points`` (null: unbounded; the curator never receives more distinct
   points), ``allocation`` (allocate-select's public ``rule``, score ``ridge``,
   ``noise_multiplier``, the hedge's ``random_share`` of max_points bought at random and the
   counts' ``floor``; null: none). The realised counts are the consumer's (below).
@@ -175,7 +177,7 @@ PUBLIC_FIELDS: dict[str, str] = {
     "run": "the configuration (all public), m, gamma from the public seed set, the Ray address",
     "outcome": "state, reason and epochs: every owner takes part in every epoch",
     "privacy": "each party's ledger: what it was charged, computed from the events",
-    "parsimony": "the last q owners received, m, max_points and the configured selection",
+    "parsimony": "the last q owners received, m, the mechanism, max_points, the selection",
     "faults": "lost, dropped and colluding parties, late frames, rejects, T used",
     "timings": "wall clock of the run's phases, observed by every owner",
     "secure_phases": "the secure sums' DP releases and noise (PUBLIC_SECURE)",
@@ -312,6 +314,7 @@ def public_report(
             "summary_size": p,
             "validation_size": m,
             "final_selection": payload.get("final_selection", "none"),
+            "mechanism": payload.get("mechanism"),
             "max_points": payload.get("max_points"),
             "allocation": payload.get("allocation"),
         },

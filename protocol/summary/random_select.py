@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["hedge_split", "plan_random_select", "random_quotas"]
+__all__ = ["default_budget", "hedge_split", "plan_random_select", "random_quotas"]
 
 
 def random_quotas(
@@ -76,9 +76,22 @@ def random_quotas(
     return {o: int(k) for o, k in zip(names, drawn, strict=True)}
 
 
+def default_budget(p: int, owners: int) -> int:
+    """The market's default budget, (K + 1) p: the points herding-select accessed unbounded
+    (about p exploration points, then each of about p steering epochs asks every owner), at which
+    issue 30 compared the mechanisms and found random-select as good or better in 10 of 12
+    held-out cells (benchmarks/RESULTS.md "utility_vs_random", "the default"). A market without
+    ``[summary]`` buys this many points by random-select (actors/config/checks.py
+    ``selected_mechanism``)."""
+    if p < 1 or owners < 1:
+        raise ValueError(f"need p >= 1 and owners >= 1, got p = {p}, owners = {owners}")
+    return (owners + 1) * p
+
+
 def plan_random_select(p: int, max_points: int | None = None) -> dict[str, Any]:
     """CuratorParams overrides of random-select: ``max_points`` (default ``ceil(1.5 p)``,
-    allocate-select's default budget), the exact final selection, one delivery per record (so
+    allocate-select's default budget, the harnesses' comparison; a market passes its own, by
+    default :func:`default_budget`), the exact final selection, one delivery per record (so
     the owners' draws are without replacement), and an epoch limit that lets one owner deliver
     the whole budget one point per epoch."""
     budget = math.ceil(1.5 * p) if max_points is None else int(max_points)

@@ -247,7 +247,8 @@ def test_cli_prints_the_public_report_and_the_consumers_utility(
     _print_report(reports.public, reports.consumer)
     out = capsys.readouterr().out
     epochs = reports.public["outcome"]["epochs"]
-    assert f"state done after {epochs} epochs" in out
+    assert reports.public["parsimony"]["mechanism"] == "mwem-select"  # small_params' release
+    assert f"state done after {epochs} epochs (mwem-select)" in out
     assert "summary 8 points" in out
     assert "owner-1" in out and "validation" in out
     assert "utility private  MMD^2 0.01000  LinearSVC 0.900" in out

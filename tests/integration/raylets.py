@@ -17,10 +17,20 @@ from pathlib import Path
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now and never handed out before in this process: the kernel may
+    return one ephemeral port to two binds in a row, and two Ray components given the same
+    port refuse to start (seen once in CI: node_manager and object_manager on one port)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def _cmdlines() -> dict[int, tuple[int, str]]:

@@ -30,7 +30,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from typing import Any
 from dpmarket.actors.remote import tls
 from dpmarket.actors.remote.agentconfig import load_node_config
 from dpmarket.actors.remote.nodeagent import fingerprint_of
+from tests.integration.raylets import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "configs" / "remote" / "data"
@@ -86,12 +86,6 @@ POLICY = {
     "rounds": "{ normalise = 1, scan = 1, refresh = 0 }",
     "min_noise": "{ normalise = 1.0, scan = 1.0, refresh = 1.0, profile = 1.0, summary = 1.0 }",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _toml_value(value: object) -> str:

@@ -29,10 +29,36 @@ def _without_summary(tmp_path: Path, extra: str = "") -> Path:
     return path
 
 
-def test_a_config_without_summary_runs_the_planned_mechanism(tmp_path: Path) -> None:
+HERDING = "[summary]\nmechanism = 'herding-select'\n"
+
+
+def test_a_config_without_summary_buys_at_random_at_the_default_budget(tmp_path: Path) -> None:
+    """Issue 30: the default is random-select at (K + 1) p points, the points herding-select
+    accessed unbounded; nothing is released to any owner or from the validation set."""
+    from dpmarket.protocol.summary.snr import planned_owner_ledger, planned_validation_ledger
+
     config = load_market_config(_without_summary(tmp_path))
+    params = config.curator_params(gamma=0.5, m=200)
+    assert params.random_purchase and not params.allocate
+    assert params.max_points == (4 + 1) * 40  # K = 4 owners, p = 40
+    assert params.final_selection == "exact" and params.max_deliveries == 1
+    assert params.explore_share == 0.0
+    assert not planned_owner_ledger(params).events
+    assert not planned_validation_ledger(params).events
+    # an empty [summary], or one without a steering key, is the default too
+    for extra in ("[summary]\n", "[summary]\nmax_epochs = 300\n"):
+        path = _without_summary(tmp_path, extra)
+        assert load_market_config(path).curator_params(0.5, 200).random_purchase, extra
+    # a budget of its own is kept
+    path = _without_summary(tmp_path, "[summary]\nrandom_purchase = true\nmax_points = 70\n")
+    assert load_market_config(path).curator_params(0.5, 200).max_points == 70
+
+
+def test_herding_select_named_runs_the_planned_mechanism(tmp_path: Path) -> None:
+    config = load_market_config(_without_summary(tmp_path, HERDING))
     for m in (15, 200):
         params = config.curator_params(gamma=0.5, m=m)
+        assert not params.random_purchase and not params.allocate
         plan = plan_releases(40, m, 4, 1.0, 3.0, 1e-5, "herding", "all", select=True)
         for key, value in plan.overrides().items():
             assert getattr(params, key) == value, key
@@ -42,19 +68,37 @@ def test_a_config_without_summary_runs_the_planned_mechanism(tmp_path: Path) -> 
     assert config.curator_params(0.5, 15).d < config.curator_params(0.5, 200).d  # d from m
 
 
-def test_summary_keys_override_the_plan(tmp_path: Path) -> None:
-    path = _without_summary(tmp_path, "[summary]\ntau = 2\neps_validation = 1.0\n")
-    params = load_market_config(path).curator_params(gamma=0.5, m=200)
-    default = load_market_config(_without_summary(tmp_path)).curator_params(0.5, 200)
-    assert params.tau == 2
-    assert params.validation_sigma > default.validation_sigma  # re-planned at eps 1
+@pytest.mark.parametrize(
+    ("summary", "mechanism"),
+    [
+        ("", "random-select"),
+        ("max_epochs = 300\n", "random-select"),
+        ("herding_ascent_steps = 0\n", "herding-select"),  # a steering key keeps the old default
+        ("tau = 2\neps_validation = 1.0\n", "herding-select"),
+        ("max_points = 60\n", "allocate-select"),
+        ("herding_ascent_steps = 0\nmax_points = 60\n", "allocate-select"),
+        ("allocate = false\nmax_points = 60\n", "herding-select"),
+        ("random_purchase = true\n", "random-select"),
+        ("mechanism = 'herding-select'\nmax_points = 60\n", "herding-select"),
+    ],
+)
+def test_the_summary_table_selects_the_mechanism(
+    tmp_path: Path, summary: str, mechanism: str
+) -> None:
+    path = _without_summary(tmp_path, "[summary]\n" + summary)
+    params = load_market_config(path).curator_params(0.5, 200)
+    chosen = (
+        "random-select" if params.random_purchase
+        else "allocate-select" if params.allocate else "herding-select"
+    )  # fmt: skip
+    assert chosen == mechanism
 
 
 def test_strict_refuses_a_validation_set_too_small_for_its_epsilon(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    args = ["run", str(_without_summary(tmp_path)), "--out", str(out), "--strict"]
+    args = ["run", str(_without_summary(tmp_path, HERDING)), "--out", str(out), "--strict"]
     assert main([*args, "--set", "data.n_validation=15"]) == 2
     captured = capsys.readouterr()
     row = next(line for line in captured.out.splitlines() if line.strip().startswith("validation"))
@@ -95,11 +139,35 @@ def test_the_default_mechanism_does_not_warn(
     from dpmarket.actors.run.market import market_inputs
     from dpmarket.actors.run.preflight import plan_run
 
-    config = load_market_config(_without_summary(tmp_path))
+    for extra in ("", HERDING):  # the default (random-select) and the planned herding-select
+        config = load_market_config(_without_summary(tmp_path, extra))
+        inputs = market_inputs(config, tmp_path, {}, tmp_path / "attempt-0")
+        check_plan(strict=True)(plan_run(config, inputs.owners, inputs.gamma))  # no refusal
+        captured = capsys.readouterr()
+        assert "WARNING" not in captured.err and "owner total" in captured.out, extra
+
+
+def test_the_default_releases_nothing_from_a_small_validation_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """15 validation points refuse herding-select under --strict (above) but not the default:
+    random-select reads D_v only in the consumer's own final selection."""
+    from dpmarket.actors.commands.market import check_plan
+    from dpmarket.actors.run.market import market_inputs
+    from dpmarket.actors.run.preflight import plan_run
+
+    path = _without_summary(tmp_path)
+    path.write_text(
+        path.read_text(encoding="utf-8").replace("n_validation = 200", "n_validation = 15"),
+        encoding="utf-8",
+    )
+    config = load_market_config(path)
+    assert config.data["n_validation"] == 15
     inputs = market_inputs(config, tmp_path, {}, tmp_path / "attempt-0")
-    check_plan(strict=True)(plan_run(config, inputs.owners, inputs.gamma))  # no refusal
-    captured = capsys.readouterr()
-    assert "WARNING" not in captured.err and "owner total" in captured.out
+    plan = plan_run(config, inputs.owners, inputs.gamma)
+    check_plan(strict=True)(plan)  # no refusal
+    row = next(c for c in plan.checks if c.name == "validation")
+    assert row.epsilon == 0.0 and row.noise is None and "none: random-select" in row.what
 
 
 def test_report_writes_inf_with_a_note_and_the_cli_prints_n_a(
