@@ -49,7 +49,7 @@ PARSIMONY_MECHANISMS = (
 """allocate-select: score histograms (protocol/summary/allocate_rank.py) with the plan's hedge
 (``random_share``, protocol/summary/random_select.py); allocate-steered-select: the same without
 the hedge (every point steered); allocate-mixture-select: the earlier rule, DP means in a public
-frame (allocate.py), unhedged. random-select runs beside every mechanism (added when not
+frame (allocate_mixture.py), unhedged. random-select runs beside every mechanism (added when not
 asked)."""
 FACTORS = ("1", "1.5", "2", "3", "K+1")
 """max_points as a multiple of p; "K+1": (K + 1) p, what herding-select accesses unbounded."""

@@ -2,7 +2,7 @@
 
 allocate-select's default allocation rule (``CuratorParams.allocation_rule = "histogram"``;
 the earlier rule, ``"mixture"``, matches DP means in a public frame, protocol/summary/
-allocate.py). The curator needs to know *where* the points worth buying are; an owner's mean
+allocate_mixture.py). The curator needs to know *where* the points worth buying are; an owner's mean
 says little about that when the owner is small (its DP noise) or large (its mean hides a
 minority of good records). Here each owner says how many of its records score how well.
 

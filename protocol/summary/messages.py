@@ -79,9 +79,9 @@ class EpochBody(Body):
     (protocol/summary/selection.py). ``profile_sigma`` > 0 (added later, optional): instead of
     bidding, release the DP profile: the mean of ``profile_basis @ (h1(x) - profile_center)``
     (k x d, row-major) clipped to norm ``profile_clip``, with that noise multiplier
-    (protocol/summary/allocate.py). ``profile_edges`` (added later, optional): release instead
-    the DP histogram of ``profile_basis . (h1(x) - profile_center)`` (1 x d) over these bin
-    edges (protocol/summary/allocate_rank.py). ``count`` (added later, optional): instead of
+    (protocol/summary/allocate_mixture.py). ``profile_edges`` (added later, optional): release
+    instead the DP histogram of ``profile_basis . (h1(x) - profile_center)`` (1 x d) over these
+    bin edges (protocol/summary/allocate_rank.py). ``count`` (added later, optional): instead of
     bidding, send the number of records the owner holds (random-select's first epoch,
     protocol/summary/random_select.py; public under replace-one neighbours)."""
 
@@ -99,7 +99,7 @@ class EpochBody(Body):
 @register("summary.profile")
 @dataclass(frozen=True, slots=True)
 class ProfileBody(Body):
-    """Owner -> curator: its DP mean of h1 in the profile basis (protocol/summary/allocate.py)
+    """Owner -> curator: its DP mean of h1 in the profile basis (allocate_mixture.py)
     or its DP score histogram (allocate_rank.py), noise included, and its record count (fixed
     under replace-one neighbours)."""
 

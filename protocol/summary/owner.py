@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from dpmarket.protocol.summary.allocate import ProfileFrame, owner_profile
+from dpmarket.protocol.summary.allocate_mixture import ProfileFrame, owner_profile
 from dpmarket.protocol.summary.allocate_rank import owner_histogram
 from dpmarket.protocol.summary.h1 import RandomFourierFeatures
 from dpmarket.protocol.summary.messages import (
@@ -303,9 +303,9 @@ class Owner:
         return int(candidates[int.from_bytes(digest.digest(), "little") % len(candidates)])
 
     def _release_profile(self, body: EpochBody) -> ProfileBody:
-        """The DP mean of h1 (protocol/summary/allocate.py) or, when the epoch names bin edges,
-        the DP histogram of its records' scores (allocate_rank.py), drawn once from the owner's
-        own noise generator; a resumed profile epoch gets the same release again."""
+        """The DP mean of h1 (protocol/summary/allocate_mixture.py) or, when the epoch names bin
+        edges, the DP histogram of its records' scores (allocate_rank.py), drawn once from the
+        owner's own noise generator; a resumed profile epoch gets the same release again."""
         if self._profile is None:
             if self._rng is None:
                 raise LocalProtocolError(

@@ -225,7 +225,7 @@ class CuratorParams:
     allocate: bool = False
     allocation_sigma: float = 1.0
     allocation_dims: int = 8  # the public profile basis: g_tilde, seed mean, seed PCs
-    # "mixture": DP means in that basis, mixing weights (allocate.py); "histogram": DP
+    # "mixture": DP means in that basis, mixing weights (allocate_mixture.py); "histogram": DP
     # histograms of the records' scores against g_tilde (allocate_rank.py)
     allocation_rule: str = "mixture"
     # "histogram": the score direction's ridge, a multiple of the public seed covariance's mean

@@ -224,7 +224,7 @@ def planned_owner_ledger(params: CuratorParams) -> PrivacyLedger:
     if params.random_purchase:  # random_select.py: no auction, no summary or profile release
         return ledger
     relation = record_relation(params.neighbouring)
-    if params.allocate:  # allocate-select's profile (allocate.py): sensitivity 1 in its units
+    if params.allocate:  # allocate-select's profile (allocate_*.py): sensitivity 1 in its units
         ledger.gaussian(params.allocation_sigma, 1.0, neighbouring=relation)
     epochs, s, p = params.epoch_limit, params.sensitivity, params.p
     ledger.auction(params.eps_auction, params.auction_variant, count=epochs, neighbouring=relation)

@@ -146,7 +146,7 @@ _GLOBAL_STATE = {
 # generator from a public value. Everything else takes its generator as an argument.
 _PUBLIC_DRAWS = {
     ("protocol/summary/h1.py", "__init__"),  # RandomFourierFeatures: h1's public features
-    ("protocol/summary/allocate.py", "smoothing_generator"),  # re-noising released profiles
+    ("protocol/summary/allocate_mixture.py", "smoothing_generator"),  # re-noising released profiles
     ("protocol/summary/releases.py", "public_candidates"),
     ("protocol/summary/audit.py", "_hashed_pair"),  # the audit's fixed public data set
     ("streams/race/lsh.py", "__init__"),  # the LSH functions of a sketch

@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 
 from dpmarket.actors.parties.transport import LoopbackTransport
-from dpmarket.protocol.summary.allocate import (
+from dpmarket.protocol.summary.allocate import plan_allocation, quotas
+from dpmarket.protocol.summary.allocate_mixture import (
     ProfileFrame,
     mixing_weights,
     owner_profile,
-    plan_allocation,
     profile_frame,
     profile_scale,
-    quotas,
 )
 from dpmarket.protocol.summary.curator import Curator
 from dpmarket.protocol.summary.messages import EpochBody
