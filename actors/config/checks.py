@@ -19,6 +19,7 @@ from dpmarket.protocol.summary.params import ParamError
 from dpmarket.protocol.wire.checks import MAX_ARRAY_BYTES
 
 __all__ = [
+    "ALLOCATION_KEYS",
     "GENERATOR_KEYS",
     "SOURCE_KEYS",
     "STEERING_KEYS",
@@ -296,7 +297,13 @@ STEERING_KEYS = frozenset({
     "summary_iterations", "summary_release", "summary_sigma", "eta", "warm_start",
     "eps_auction", "auction_variant", "tau", "n_candidates", "candidate_distribution",
     "candidate_center", "candidate_scale", "herding_residual_weight", "herding_ascent_steps",
-    "explore_share",
+    "explore_share", "final_selection", "max_deliveries",
+})  # fmt: skip
+# [summary] keys only allocate-select reads: a table that sets one selects it (with the plan's
+# max_points, ceil(1.5 p), unless given), as allocate = true does.
+ALLOCATION_KEYS = frozenset({
+    "allocation_floor", "allocation_sigma", "allocation_rule", "allocation_dims",
+    "allocation_ridge", "random_share",
 })  # fmt: skip
 
 
@@ -307,10 +314,10 @@ def selected_mechanism(summary: object) -> str:
     1. its ``mechanism`` key when given (a name outside the list is left to the parameter
        checks, which refuse it by name);
     2. random-select with ``random_purchase = true``;
-    3. allocate-select with ``allocate = true``, or a budget (``max_points``) without
-       ``allocate = false`` (issue 18: under a budget it closes more of the gap than
-       herding-select held to the same budget, benchmarks/RESULTS.md "parsimony");
-       herding-select with ``allocate = false``;
+    3. allocate-select with ``allocate = true``, or a budget (``max_points``) or one of its own
+       keys (:data:`ALLOCATION_KEYS`) without ``allocate = false`` (issue 18: under a budget it
+       closes more of the gap than herding-select held to the same budget,
+       benchmarks/RESULTS.md "parsimony"); herding-select with ``allocate = false``;
     4. herding-select under ``neighbouring = "add_remove"`` (the others send exact counts, which
        that relation refuses) or when the table sets a key only a steered purchase reads
        (:data:`STEERING_KEYS`);
@@ -331,7 +338,7 @@ def selected_mechanism(summary: object) -> str:
     allocate = summary.get("allocate")
     if isinstance(allocate, bool):
         return "allocate-select" if allocate else "herding-select"
-    if "max_points" in summary:
+    if "max_points" in summary or ALLOCATION_KEYS & summary.keys():
         return "allocate-select"
     if summary.get("neighbouring") == "add_remove" or STEERING_KEYS & summary.keys():
         return "herding-select"

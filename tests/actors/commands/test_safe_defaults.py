@@ -80,6 +80,11 @@ def test_herding_select_named_runs_the_planned_mechanism(tmp_path: Path) -> None
         ("allocate = false\nmax_points = 60\n", "herding-select"),
         ("random_purchase = true\n", "random-select"),
         ("mechanism = 'herding-select'\nmax_points = 60\n", "herding-select"),
+        ("max_deliveries = 3\n", "herding-select"),
+        ("allocation_floor = 0.2\n", "allocate-select"),  # allocate-select's own keys
+        ("random_share = 0.3\n", "allocate-select"),
+        ("herding_ascent_steps = 0\nallocation_rule = 'mixture'\n", "allocate-select"),
+        ("less_trusted = true\n", "random-select"),
     ],
 )
 def test_the_summary_table_selects_the_mechanism(
