@@ -241,8 +241,8 @@ def check_allocate_blocks(
         b.block_records or b.block_seconds for b in budgets.values()
     ):
         raise ConfigError(
-            f"{path}: {key}: allocate-select (chosen by allocate = true, or by max_points "
-            "without allocate = false) reads every record, retired blocks ([privacy]."
-            "block_records or block_seconds) included: use one or the other (allocate = false "
-            "buys by herding-select under max_points)"
+            f"{path}: {key}: allocate-select (chosen by allocate = true, or by max_points or an "
+            "allocation key without allocate = false) reads every record, retired blocks "
+            "([privacy].block_records or block_seconds) included: use one or the other "
+            "(allocate = false buys by herding-select under max_points)"
         )

@@ -287,10 +287,10 @@ def check_faults(path: str, table: dict[str, Any], owners: tuple[str, ...], node
         )
 
 
-# [summary] keys that only a steered purchase reads (the g_tilde release, the seed, the summary
-# release, the auction, herding's candidates, exploration): a table that sets one of them without
-# naming a mechanism keeps herding-select, the steered default before issue 30 (random-select
-# reads none of them and would ignore them silently).
+# [summary] keys that configure a steered purchase (the g_tilde release, the seed, the summary
+# release, the auction, herding's candidates, exploration, the selection and withdrawal rules):
+# a table that sets one of them without naming a mechanism keeps herding-select, the default
+# before issue 30 (random-select would ignore most of them silently).
 STEERING_KEYS = frozenset({
     "d", "eps_validation", "validation_iterations", "validation_release", "validation_sigma",
     "validation_center", "clip_norm", "eps_seed", "seed_iterations", "eps_summary",
@@ -318,9 +318,9 @@ def selected_mechanism(summary: object) -> str:
        keys (:data:`ALLOCATION_KEYS`) without ``allocate = false`` (issue 18: under a budget it
        closes more of the gap than herding-select held to the same budget,
        benchmarks/RESULTS.md "parsimony"); herding-select with ``allocate = false``;
-    4. herding-select under ``neighbouring = "add_remove"`` (the others send exact counts, which
-       that relation refuses) or when the table sets a key only a steered purchase reads
-       (:data:`STEERING_KEYS`);
+    4. herding-select with ``random_purchase = false``, under ``neighbouring = "add_remove"``
+       (the others send exact counts, which that relation refuses) or when the table sets a key
+       only a steered purchase reads (:data:`STEERING_KEYS`);
     5. else (no ``[summary]``, or one without any of those): random-select at the default
        budget, the (K + 1) p points herding-select accesses unbounded (issue 30: at that
        budget a random purchase then the exact selection is as good as herding-select or
@@ -340,7 +340,11 @@ def selected_mechanism(summary: object) -> str:
         return "allocate-select" if allocate else "herding-select"
     if "max_points" in summary or ALLOCATION_KEYS & summary.keys():
         return "allocate-select"
-    if summary.get("neighbouring") == "add_remove" or STEERING_KEYS & summary.keys():
+    if (
+        summary.get("random_purchase") is False
+        or summary.get("neighbouring") == "add_remove"
+        or STEERING_KEYS & summary.keys()
+    ):
         return "herding-select"
     return "random-select"
 

@@ -149,6 +149,15 @@ class MarketConfig:
             extra = plan_allocation(PLAN_EPS_OWNER, self.delta, p, budget, rule)
         elif mechanism == "random-select":  # summary/random_select.py
             extra = plan_random_select(p, budget or default_budget(p, self.owners))
+        flags = {"random_purchase": mechanism == "random-select",
+                 "allocate": mechanism == "allocate-select"}  # fmt: skip
+        for key, expected in flags.items():
+            given = self.overrides.get(key)
+            if isinstance(given, bool) and given != expected:
+                raise ParamError(key, f"{key} = {str(given).lower()} contradicts the mechanism "
+                                 f"selected, {mechanism} (mechanism names it, or it follows from "
+                                 "the other [summary] keys: actors/config/checks.py "
+                                 "selected_mechanism)")  # fmt: skip
         overrides = {k: v for k, v in self.overrides.items() if k != "mechanism"}
         return dataclasses.replace(base, **(plan.overrides() | extra | overrides))
 

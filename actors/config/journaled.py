@@ -38,10 +38,12 @@ from dpmarket.actors.config.checks import ConfigError, apply_set
 from dpmarket.actors.config.inputs import FaultConfig, MarketConfig
 from dpmarket.actors.config.market import parse_market_config
 from dpmarket.actors.config.validate import data_path
+from dpmarket.protocol.summary.params import CuratorParams
 
 __all__ = [
     "CONFIG_FILE",
     "INPUTS_DIR",
+    "check_resumed_mechanism",
     "journal_config",
     "restore_config",
     "same_unreleased_start",
@@ -257,3 +259,19 @@ def _check_owner_file(path: str, owner: str, entry: dict[str, Any]) -> None:
         f"sibling (owners' files may only grow by appending); a resume would release from "
         f"other records: restore the file or run again with a new --out"
     )
+
+
+def check_resumed_mechanism(snapshot: Any, params: CuratorParams, out: Path) -> None:
+    """Refuse a resume whose config now selects another mechanism than the journaled curator's
+    (the config's meaning changed with the default of issue 30): owners, gates and the secure
+    sums would follow one plan and the restored curator another."""
+    saved = snapshot.get("params") if isinstance(snapshot, dict) else None
+    if not isinstance(saved, dict):
+        return
+    journaled = CuratorParams(**saved).mechanism
+    if journaled != params.mechanism:
+        raise ConfigError(
+            f"{out}: the journal's purchase runs {journaled}, but its configuration now selects "
+            f"{params.mechanism} (the default changed): resume it with the version that started "
+            f'it, or run it again into a new --out with [summary].mechanism = "{journaled}"'
+        )

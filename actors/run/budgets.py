@@ -100,16 +100,20 @@ def consumer_refusal(
 ) -> dict[str, Any] | None:
     """Charge the consumer's store for this purchase's validation release (its planned events,
     fixed by the config and m) before anything is spent; a refusal payload (exit 3) when the
-    consumer's cap does not admit it. Release id ``RUN:validation``: a resume pays nothing."""
+    consumer's cap does not admit it. Release id ``RUN:validation``: a resume pays nothing.
+    A mechanism that makes no validation release (random-select, the default) charges nothing:
+    the purchase is recorded in the store as a run without rows."""
     if config.consumer_budget is None:
         return None
+    events = [
+        dataclasses.replace(e, label=f"validation plan: {e.label or e.mechanism}")
+        for e in planned_validation_ledger(params).events
+    ]
     store = _consumer_store(config)
     try:
         store.begin_run(run)
-        events = [
-            dataclasses.replace(e, label=f"validation plan: {e.label or e.mechanism}")
-            for e in planned_validation_ledger(params).events
-        ]
+        if not events:
+            return None
         decision = store.charge(f"{run}:validation", run, events)
     finally:
         store.close()

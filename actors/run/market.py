@@ -23,6 +23,7 @@ from dpmarket.actors.cluster.connect import connect
 from dpmarket.actors.cluster.placement import preflight_owners, require_placeable
 from dpmarket.actors.config.journaled import (
     CONFIG_FILE,
+    check_resumed_mechanism,
     journal_config,
     restore_config,
     same_unreleased_start,
@@ -271,6 +272,8 @@ def run_market(
         run_plan = dataclasses.replace(run_plan, warnings=run_plan.warnings + checked.warnings)
     if before_start is not None and snapshot is None:
         before_start(run_plan)
+    if snapshot is not None:
+        check_resumed_mechanism(snapshot, run_plan.params, out)
     journal_dir.mkdir(parents=True, exist_ok=True)
     # run again into the OUT of the same purchase stopped before it released anything (the
     # warm-up): its ledger run is kept, so its up-front charges are not paid twice

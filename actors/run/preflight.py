@@ -9,6 +9,7 @@ the pure checks of protocol/summary/snr.py. Nothing here is released or charged;
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,6 +143,18 @@ def plan_run(
                 f"release {check.name!r} is mostly noise: signal {check.signal:.3g} against "
                 f"noise {check.noise:.3g} (SNR {check.snr:.2f}; {check.what}), costing "
                 f"eps {check.epsilon:.3g} at delta {check.delta:g} to {check.protects}"
+            )
+    if params.random_purchase and params.max_points is not None:
+        # random-select: one count epoch, then each owner with quota left sells one point per
+        # epoch; an epoch limit below budget / K stops the purchase short (the largest quota
+        # is at least the budget / K)
+        most = (params.epoch_limit - 1) * config.owners
+        if most < params.max_points:
+            warnings.append(
+                f"[summary].max_epochs = {params.epoch_limit} lets random-select buy at most "
+                f"{max(0, most)} of its {params.max_points} points ({config.owners} owners, one "
+                "point each per epoch after the count epoch): the purchase will stop short; "
+                f"raise max_epochs to at least {math.ceil(params.max_points / config.owners) + 1}"
             )
     # judged for the steered mechanisms' g_tilde, even when the configured one releases none
     steered = (

@@ -267,13 +267,17 @@ class Owner:
         if body.count:  # random-select (random_select.py): n_i, fixed under replace-one
             self._bids = {}
             sellable = int((~self._retired_tokens()).sum())
+            if self._point_limit is not None:  # what it may sell: its own limit caps the count
+                delivered = int(np.count_nonzero(self._deliveries))  # (a constant of its policy)
+                sellable = min(sellable, max(0, self._point_limit - delivered))
             return [self._out.make(msg.sender, msg.round, CountBody(sellable))]
         biddable = (self._deliveries < self._setup.max_deliveries) & ~self._retired_tokens()
         if self._at_point_limit():  # its own limit: only points already delivered stay
             biddable &= self._deliveries > 0
         if not biddable.any():
             self._bids = {}
-            return [self._out.make(msg.sender, msg.round, PassBody("no records left to bid"))]
+            why = "its point limit reached" if self._at_point_limit() else "no records left to bid"
+            return [self._out.make(msg.sender, msg.round, PassBody(why))]
         # one float32 matrix-vector product scores every record (the curator re-checks the
         # winner's bid in float64 within its verification tolerance)
         direction = bid_direction(self._g_validation, g, body.summary_size)

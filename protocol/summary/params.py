@@ -116,7 +116,8 @@ _RELATIONS = {
     "eta": "2 / eta must be a whole number (the quantisation grid), got {self.eta!r}",
     "explore_share": "{self.explore_share!r} > 0 needs final_selection = 'exact'",
     "max_points": "{self.max_points!r} is below p = {self.p}: the summary could not be bought",
-    "allocate": "allocate-select (allocate = true, or max_points without allocate = false) needs "
+    "allocate": "allocate-select (allocate = true, or max_points or an allocation key without "
+    "allocate = false) needs "
     "max_points, final_selection = 'exact', explore_share = 0 and max_deliveries = 1 (a record "
     "delivered again would add an epoch every owner sees, an uncharged function of that "
     "owner's records beyond its histogram; allocate = false keeps herding-select under "
@@ -325,9 +326,7 @@ class CuratorParams:
         under replace-one (n_i fixed by the relation) and refused under add/remove."""
         found = []
         if self.allocate:
-            found.append(
-                "allocate-select (allocate = true, or max_points without allocate = false)"
-            )
+            found.append("allocate-select (allocate = true, or max_points or an allocation key)")
         if self.random_purchase:
             found.append("random-select (random_purchase = true)")
         if self.explore_share > 0:

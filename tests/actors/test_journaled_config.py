@@ -176,3 +176,22 @@ def test_a_rerun_keeps_the_ledger_run_only_of_the_same_purchase_that_released_no
     (journal / "journal.json").write_text(json.dumps({"state": "new"}))  # a snapshot: maybe seen
     assert not same_unreleased_start(journal, first)
     assert not same_unreleased_start(tmp_path / "elsewhere", first)
+
+
+def test_a_resume_whose_config_now_selects_another_mechanism_is_refused(tmp_path: Path) -> None:
+    """A journal written when a config without [summary] meant herding-select, resumed after
+    the default became random-select: refused, naming both, instead of owners following one
+    plan and the restored curator another."""
+    from dpmarket.actors.config.journaled import check_resumed_mechanism
+
+    demo = (ROOT / "configs" / "demo.toml").read_text(encoding="utf-8")
+    plain = tmp_path / "plain.toml"
+    plain.write_text(demo[: demo.index("[summary]")], encoding="utf-8")
+    now = load_market_config(plain).curator_params(0.5, 200)  # random-select, the default
+    then = load_market_config(ROOT / "configs" / "demo.toml").curator_params(0.5, 200)
+    assert (now.mechanism, then.mechanism) == ("random-select", "herding-select")
+    snapshot = {"params": dataclasses.asdict(then), "state": "epochs"}
+    with pytest.raises(ConfigError, match="runs herding-select, but its configuration now"):
+        check_resumed_mechanism(snapshot, now, tmp_path)
+    check_resumed_mechanism(snapshot, then, tmp_path)  # the same mechanism: resumed
+    check_resumed_mechanism({"params": dataclasses.asdict(now)}, now, tmp_path)

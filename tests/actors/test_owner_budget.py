@@ -260,3 +260,28 @@ def test_consumer_pays_each_purchase_once_and_is_refused_beyond_its_cap(tmp_path
     curator.gaussian(1.0, 1.0, label="an extra release of D_v", neighbouring=relation)
     report = budget_report(config, "run-1", {}, [], {"validation": curator.to_dict()})
     assert report is not None and report["owners"]["consumer"]["status"] == "mismatch"
+
+
+def test_the_default_charges_a_consumer_budget_nothing(tmp_path: Path) -> None:
+    """random-select (a market without [summary], issue 30) makes no validation release: the
+    consumer's store records the purchase with no row, any number of purchases is admitted,
+    and the end-of-run comparison finds the store equal to the (empty) validation ledger."""
+    from dpmarket.actors.run.budgets import budget_report, consumer_refusal
+    from dpmarket.protocol.summary.snr import planned_validation_ledger
+
+    text = DEMO[: DEMO.index("[summary]")]
+    text += '[consumer]\nledger = "stores/consumer.sqlite"\n'
+    text += "budget = {epsilon = 0.5, delta = 1e-5}\n"
+    path = tmp_path / "market.toml"
+    path.write_text(text)
+    config = load_market_config(path)
+    params = config.curator_params(gamma=1.0, m=200)
+    assert params.mechanism == "random-select"
+    for run in ("run-1", "run-2", "run-3"):  # a cap of 0.5 would refuse one herding purchase
+        assert consumer_refusal(config, params, run) is None
+    store = read_store(tmp_path / "stores" / "consumer.sqlite")
+    assert store["rows"] == [] and {r["run"] for r in store["runs"]} == {"run-1", "run-2", "run-3"}
+    empty = planned_validation_ledger(params).to_dict()
+    report = budget_report(config, "run-1", {}, [], {"validation": empty})
+    assert report is not None and report["errors"] == []
+    assert report["owners"]["consumer"]["status"] == "ok"

@@ -300,3 +300,26 @@ def test_an_owner_never_delivers_more_points_than_its_limit() -> None:
     assert delivered["owner-1"] <= 3
     assert sum(delivered.values()) > 3  # the others kept selling: the limit is owner-1's
     assert all(o._point_limit is None for o in owners[1:])
+
+
+def test_random_select_quotas_respect_an_owners_point_limit() -> None:
+    """The default mechanism (random-select) splits its budget by the counts the owners send;
+    an owner with its own point limit counts only what it may sell, so the quotas never ask it
+    beyond its limit and the rest of the budget goes to the others: the whole budget is bought."""
+    from dpmarket.protocol.summary.random_select import plan_random_select
+
+    scenario = small_scenario(3)
+    params = small_params(scenario, **plan_random_select(10, 40))
+    curator = small_curator("limit-random", scenario, params, 0)
+    owners = [
+        Owner(n, "limit-random", X, y, rng=np.random.default_rng([6, i]),
+              point_limit=3 if n == "owner-1" else None)
+        for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True))
+    ]  # fmt: skip
+    transport = LoopbackTransport([curator, *owners])
+    transport.send(curator.start())
+    transport.run_until(lambda: curator.state in ("done", "refused"))
+    assert curator.state == "done" and not transport.errors
+    delivered = {o.name: int(np.count_nonzero(o._deliveries)) for o in owners}
+    assert delivered["owner-1"] <= 3
+    assert sum(delivered.values()) == 40  # owner-1's share went to the others

@@ -85,6 +85,8 @@ def test_herding_select_named_runs_the_planned_mechanism(tmp_path: Path) -> None
         ("random_share = 0.3\n", "allocate-select"),
         ("herding_ascent_steps = 0\nallocation_rule = 'mixture'\n", "allocate-select"),
         ("less_trusted = true\n", "random-select"),
+        ("random_purchase = false\n", "herding-select"),  # as allocate = false
+        ("random_purchase = false\nmax_points = 60\n", "allocate-select"),
     ],
 )
 def test_the_summary_table_selects_the_mechanism(
@@ -92,11 +94,28 @@ def test_the_summary_table_selects_the_mechanism(
 ) -> None:
     path = _without_summary(tmp_path, "[summary]\n" + summary)
     params = load_market_config(path).curator_params(0.5, 200)
-    chosen = (
-        "random-select" if params.random_purchase
-        else "allocate-select" if params.allocate else "herding-select"
-    )  # fmt: skip
-    assert chosen == mechanism
+    assert params.mechanism == mechanism
+    assert params.random_purchase == (mechanism == "random-select")
+    assert params.allocate == (mechanism == "allocate-select")
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [
+        "mechanism = 'random-select'\nrandom_purchase = false\n",
+        "mechanism = 'herding-select'\nallocate = true\n",
+        "random_purchase = true\nallocate = true\n",
+        "mechanism = 'allocate-select'\nrandom_purchase = true\n",
+    ],
+)
+def test_a_flag_contradicting_the_selected_mechanism_is_refused(
+    tmp_path: Path, summary: str
+) -> None:
+    """Never a hybrid: random-select's plan with random_purchase turned off afterwards ran
+    herding epochs at random-select's budget and epoch limit."""
+    path = _without_summary(tmp_path, "[summary]\n" + summary)
+    with pytest.raises(ValueError, match=r"\[summary\]\.\w+: \w+ = \w+ contradicts the mechanism"):
+        load_market_config(path).curator_params(0.5, 200)
 
 
 def test_strict_refuses_a_validation_set_too_small_for_its_epsilon(
@@ -202,3 +221,21 @@ def test_report_writes_inf_with_a_note_and_the_cli_prints_n_a(
     assert lines["owner-1"][1:4] == ["inf", "inf", "n/a"]
     assert lines["owner-2"][3] == "n/a" and lines["owner-2"][1] != "n/a"
     assert lines["validation"][3] == f"{val['paper']:.3f}"
+
+
+def test_an_epoch_limit_that_stops_the_default_purchase_short_is_warned(tmp_path: Path) -> None:
+    """random-select sells one point per owner and epoch after the count epoch: max_epochs = 20
+    with K = 4 buys at most 76 of the default 200 points."""
+    from dpmarket.actors.run.market import market_inputs
+    from dpmarket.actors.run.preflight import plan_run
+
+    for max_epochs, warned in ((20, True), (51, False)):
+        path = _without_summary(tmp_path, f"[summary]\nmax_epochs = {max_epochs}\n")
+        config = load_market_config(path)
+        inputs = market_inputs(config, tmp_path, {}, tmp_path / "attempt-0")
+        plan = plan_run(config, inputs.owners, inputs.gamma)
+        assert plan.params.mechanism == "random-select" and plan.params.max_points == 200
+        found = [w for w in plan.warnings if "stop short" in w]
+        assert bool(found) == warned, (max_epochs, plan.warnings)
+        if warned:
+            assert "at most 76 of its 200 points" in found[0] and "at least 51" in found[0]
