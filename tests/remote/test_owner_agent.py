@@ -278,28 +278,34 @@ def test_a_resumed_purchase_cannot_have_a_paid_round_again(tmp_path: Path) -> No
     assert labels == ["normalise (secure sum)", "scan (secure sum)"]
 
 
-def test_an_owner_never_delivers_more_points_than_its_limit() -> None:
-    """The curator keeps asking for points (p = 10 from 4 owners); owner-1's own limit of 3
-    distinct points holds whatever it is asked."""
+def _owner_1_limited(run: str, params: Any, seed: int) -> tuple[Any, Any, dict[str, int]]:
+    """small_scenario(3)'s market with owner-1 limited to 3 distinct points, run in-process:
+    the curator, the transport and each owner's distinct points delivered."""
     scenario = small_scenario(3)
-    params = small_params(
-        scenario, summary_release="herding", validation_release="gaussian",
-        auction_variant="pure", tau=1, eps_auction=1e-6, max_deliveries=1,
-        final_selection="exact", explore_share=1.0,
-    )  # fmt: skip
-    curator = small_curator("limit-run", scenario, params, 0)
+    curator = small_curator(run, scenario, small_params(scenario, **params), 0)
     owners = [
-        Owner(n, "limit-run", X, y, rng=np.random.default_rng([5, i]),
+        Owner(n, run, X, y, rng=np.random.default_rng([seed, i]),
               point_limit=3 if n == "owner-1" else None)
         for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True))
     ]  # fmt: skip
     transport = LoopbackTransport([curator, *owners])
     transport.send(curator.start())
     transport.run_until(lambda: curator.state in ("done", "refused"))
-    delivered = {o.name: int(np.count_nonzero(o._deliveries)) for o in owners}
+    assert all(o._point_limit is None for o in owners[1:])
+    return curator, transport, {o.name: int(np.count_nonzero(o._deliveries)) for o in owners}
+
+
+def test_an_owner_never_delivers_more_points_than_its_limit() -> None:
+    """The curator keeps asking for points (p = 10 from 4 owners); owner-1's own limit of 3
+    distinct points holds whatever it is asked."""
+    herding = {
+        "summary_release": "herding", "validation_release": "gaussian",
+        "auction_variant": "pure", "tau": 1, "eps_auction": 1e-6, "max_deliveries": 1,
+        "final_selection": "exact", "explore_share": 1.0,
+    }  # fmt: skip
+    _, _, delivered = _owner_1_limited("limit-run", herding, 5)
     assert delivered["owner-1"] <= 3
     assert sum(delivered.values()) > 3  # the others kept selling: the limit is owner-1's
-    assert all(o._point_limit is None for o in owners[1:])
 
 
 def test_random_select_quotas_respect_an_owners_point_limit() -> None:
@@ -308,18 +314,7 @@ def test_random_select_quotas_respect_an_owners_point_limit() -> None:
     beyond its limit and the rest of the budget goes to the others: the whole budget is bought."""
     from dpmarket.protocol.summary.random_select import plan_random_select
 
-    scenario = small_scenario(3)
-    params = small_params(scenario, **plan_random_select(10, 40))
-    curator = small_curator("limit-random", scenario, params, 0)
-    owners = [
-        Owner(n, "limit-random", X, y, rng=np.random.default_rng([6, i]),
-              point_limit=3 if n == "owner-1" else None)
-        for i, (n, (X, y)) in enumerate(zip(scenario.owner_names, scenario.owners, strict=True))
-    ]  # fmt: skip
-    transport = LoopbackTransport([curator, *owners])
-    transport.send(curator.start())
-    transport.run_until(lambda: curator.state in ("done", "refused"))
+    curator, transport, delivered = _owner_1_limited("limit-random", plan_random_select(10, 40), 6)
     assert curator.state == "done" and not transport.errors
-    delivered = {o.name: int(np.count_nonzero(o._deliveries)) for o in owners}
     assert delivered["owner-1"] <= 3
     assert sum(delivered.values()) == 40  # owner-1's share went to the others
