@@ -243,3 +243,30 @@ def test_a_budget_buys_by_allocate_select_on_actors_and_a_curator_crash_keeps_it
     ]
     [verdict] = report["faults"]["verdicts"]
     assert verdict["verdict"] == "tolerated" and "resumed 1 time" in verdict["detail"]
+
+
+def test_the_default_buys_at_random_on_actors_and_charges_only_the_secure_sums(
+    tmp_path: Path,
+) -> None:
+    """Issue 30: demo.toml without its [summary] is the default, random-select at (K + 1) p
+    points. On real actors the run buys exactly that many distinct points, releases nothing
+    to the owners beyond the secure sums (their ledgers hold normalise and scan only, no auction
+    step), makes no validation release, and report.json names the mechanism."""
+    demo = (ROOT / "configs" / "demo.toml").read_text(encoding="utf-8")
+    plain = tmp_path / "default.toml"
+    plain.write_text(demo[: demo.index("[summary]")], encoding="utf-8")
+    pairs = zip(SMALL[::2], SMALL[1::2], strict=True)  # ("--set", key=value)
+    small = [a for flag, item in pairs if not item.startswith("summary.") for a in (flag, item)]
+    out = tmp_path / "default"
+    assert main(["run", str(plain), "--out", str(out), *small]) == 0
+    report = json.loads((out / "report.json").read_text())
+    parsimony = report["parsimony"]
+    assert parsimony["mechanism"] == "random-select" and parsimony["max_points"] == 5 * 12
+    accessed = json.loads((out / "report.private.json").read_text())["parsimony"]
+    assert accessed["distinct_points"] == accessed["purchased_pool"] == 60
+    assert len((out / "summary.csv").read_text().splitlines()) == 13
+    parties = report["privacy"]["parties"]
+    for owner in ("owner-1", "owner-2", "owner-3", "owner-4"):
+        labels = {e["label"] for e in parties[owner]["events"]["events"]}
+        assert labels == {"normalise (secure sum)", "scan (secure sum)"}, owner
+    assert "validation" not in parties or not parties["validation"]["events"]["events"]
