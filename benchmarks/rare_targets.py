@@ -79,10 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--p", nargs="+", type=int, default=[10, 20])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.factor) and args.factor >= 1) or min(args.p) < 1:
+        parser.error(f"--factor must be >= 1 and --p >= 1, got {args.factor}, {args.p}")
     start = time.perf_counter()
     rows = run(args)
+    took = time.perf_counter() - start
     print(f"target records bought and kept, {args.scenario} at {args.factor:g} p, seeds "
-          f"{args.seeds}; {time.perf_counter() - start:.0f} s")  # fmt: skip
+          f"{args.seeds}; {took:.0f} s")  # fmt: skip
     print(f"{'p':>3} {'max_pts':>7} {'mechanism':<20} {'in pool (per seed)':<28} "
           f"{'mean':>5} {'kept (per seed)':<22} {'mean':>5}")  # fmt: skip
     for r in rows:
