@@ -30,9 +30,11 @@ unknown cut point (reading resumes at the next line); a file seen shorter than t
 but longer than its known head (``HEAD_BYTES``) may have been cut below its new length and
 appended to before the poll: its bytes past the head cannot be told from the old ones, so it is
 read on from its new length (a record is never delivered twice) and records appended after the
-cut may be lost. Each of these counts as a gap (``gaps``; ``gap_bytes``: unread bytes known
-lost, 0 where the amount is unknown), reported in the owner's ingest status: a non-zero
-``gaps`` says records may be missing, never that records were repeated.
+cut may be lost; a cut inside a line (a truncation there, or a file emptied and rewritten whose
+first bytes, torn from their line, repeat the old head's) resumes at the next line, the rest of
+that line never decoded as a record. Each of these counts as a gap (``gaps``; ``gap_bytes``:
+unread bytes known lost, 0 where the amount is unknown), reported in the owner's ingest
+status: a non-zero ``gaps`` says records may be missing, never that records were repeated.
 
 Delivery. Each batch carries the tailer's whole state (every file's fingerprint -> offset, see
 :mod:`~dpmarket.streams.records.position`). :meth:`FileTailer.commit` (after the consumer has
@@ -270,11 +272,14 @@ class FileTailer:
             self._gens[gen.device, gen.inode] = Gen(gen.device, gen.inode, b"", 0, source=str(path))
             return self._read(self._gens[gen.device, gen.inode], fd, size, head)
         if size < gen.read_offset:  # truncated in place: read on from the new length
-            if size > len(gen.head):  # bytes past the known head: the cut may lie below the
-                self.gaps += 1  # new length, with records appended after it unread (Limits)
-            self._orphan(gen)
             mark = _mark(fd, size)
+            inside = not mark.endswith(b"\n")  # a cut inside a line: what follows it up to
+            # the next newline is the rest of some line, never decoded as a record (Limits)
+            if size > len(gen.head) or inside:  # bytes past the known head: the cut may lie
+                self.gaps += 1  # below the new length, records appended after it unread
+            self._orphan(gen)
             fresh = Gen(gen.device, gen.inode, head, size, mark, source=str(path), cut=True)
+            fresh.mid_record = inside
             self._gens[gen.device, gen.inode] = fresh
             return True
         if (

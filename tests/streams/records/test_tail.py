@@ -225,6 +225,50 @@ async def test_truncation_regrown_before_a_poll_is_counted_as_a_gap(tmp_path: Pa
 
 
 @pytest.mark.asyncio
+async def test_a_torn_first_piece_repeating_the_old_head_is_never_decoded(tmp_path: Path) -> None:
+    """Emptied, then rewritten in pieces, polled between them: the first piece ("1" of record
+    15's "15,15.5") repeats the old head's first byte, so the bytes cannot tell it from a
+    truncation in place to one byte. The rest of that line ("5,15.5") is never decoded as a
+    record (it was delivered as record 5 before), a gap is counted, and the lines after it are
+    read once."""
+    path, sink = tmp_path / "a.csv", list[int]()
+    path.write_bytes(lines(1, 10))
+    tailer = tail(path, tmp_path / "state")
+    async with tailer:
+        await take(tailer, 9, sink)
+        os.truncate(path, 0)
+        first = lines(15, 16)
+        append(path, first[:1])
+        tailer._scan(0.0)
+        append(path, first[1:] + lines(16, 20))
+        await take(tailer, 13, sink)
+        gaps = tailer.gaps
+    assert len(sink) == len(set(sink)) == 13
+    assert set(sink) == set(range(1, 10)) | set(range(16, 20))  # 15 lost, 5 never fabricated
+    assert gaps == 1
+
+
+@pytest.mark.asyncio
+async def test_a_cut_inside_a_line_resumes_at_the_next_line(tmp_path: Path) -> None:
+    """Cut in place in the middle of a line within the known head, then appended to: the
+    appended bytes up to the next newline complete no record of their own and are skipped (a
+    gap), the records after them are read once."""
+    path, sink = tmp_path / "a.csv", list[int]()
+    path.write_bytes(lines(1, 10))
+    tailer = tail(path, tmp_path / "state")
+    async with tailer:
+        await take(tailer, 9, sink)
+        os.truncate(path, len(lines(1, 4)) + 2)  # inside record 4's line
+        tailer._scan(0.0)
+        append(path, lines(20, 25))
+        await take(tailer, 13, sink)
+        gaps = tailer.gaps
+    assert len(sink) == len(set(sink)) == 13
+    assert set(sink) == set(range(1, 10)) | set(range(21, 25))  # 20 glued onto the cut line
+    assert gaps == 1
+
+
+@pytest.mark.asyncio
 async def test_copytruncate_keeps_reading_the_same_path(tmp_path: Path) -> None:
     path, sink = tmp_path / "a.csv", list[int]()
     path.write_bytes(lines(0, 80))

@@ -105,6 +105,11 @@ class Writer:
         self.gen, self.size, self.next_id = 0, 0, 1
         self.truncated: set[int] = set()
         self.ops: dict[str, int] = {}
+        # lines whose loss the bytes cannot avoid: the first line written after a truncation
+        # to zero, torn, its first piece repeating the emptied file's first bytes (a poll
+        # between the pieces sees a truncation in place; tail.py "Limits")
+        self.ambiguous: set[int] = set()
+        self.emptied: bytes | None = None
 
     def count(self, op: str) -> None:
         self.ops[op] = self.ops.get(op, 0) + 1
@@ -121,8 +126,11 @@ class Writer:
             else f"{i}\n"
         ).encode()
         self.lines[i] = Line(self.gen, self.size, data, valid)
+        emptied, self.emptied = self.emptied, None
         if self.rng.random() < 0.12:  # a torn write: two pieces, the tailer may poll between
             cut = self.rng.randrange(1, len(data))
+            if emptied is not None and emptied.startswith(data[:cut]):
+                self.ambiguous.add(i)
             self._write(data[:cut])
             time.sleep(self.rng.random() * 0.03)
             self._write(data[cut:])
@@ -147,7 +155,7 @@ class Writer:
             return
         self._shift()
         os.rename(self.path, self.dir / "x.log.1")
-        self.gen, self.size = self.gen + 1, 0
+        self.gen, self.size, self.emptied = self.gen + 1, 0, None
         self.count("rotate")
 
     def copytruncate(self) -> None:
@@ -156,12 +164,13 @@ class Writer:
         self._shift()
         shutil.copyfile(self.path, self.dir / "x.log.1")
         os.truncate(self.path, 0)
-        self.gen, self.size = self.gen + 1, 0
+        self.gen, self.size, self.emptied = self.gen + 1, 0, None
         self.count("copytruncate")
 
     def truncate(self) -> None:
         if self.size == 0:
             return
+        self.emptied = self.path.read_bytes()
         os.truncate(self.path, 0)
         self.truncated.add(self.gen)
         self.gen, self.size = self.gen + 1, 0
@@ -238,7 +247,7 @@ def test_tailer_chaos(seed: int, tmp_path: Path, forkserver: ForkServer) -> None
         assert offsets == {lines[i].offset}, f"record {i} at {offsets}, written at {lines[i]}"
         assert not any(c for _, c in deliveries[:-1]), f"record {i} taken twice: {deliveries}"
     for i, line in lines.items():
-        if line.valid and line.gen not in lost_ok:
+        if line.valid and line.gen not in lost_ok and i not in writer.ambiguous:
             assert i in seen, f"record {i} of generation {line.gen} was lost ({writer.ops})"
 
     rejects = (
@@ -259,5 +268,5 @@ def test_tailer_chaos(seed: int, tmp_path: Path, forkserver: ForkServer) -> None
         bad_seen[i] = bad_seen.get(i, 0) + 1
     for i, line in lines.items():
         if not line.valid:
-            want = {1} if line.gen not in lost_ok else {0, 1}
+            want = {1} if line.gen not in lost_ok and i not in writer.ambiguous else {0, 1}
             assert bad_seen.get(i, 0) in want, f"bad line {i} rejected {bad_seen.get(i, 0)} times"
