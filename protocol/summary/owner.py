@@ -267,9 +267,9 @@ class Owner:
         if body.count:  # random-select (random_select.py): n_i, fixed under replace-one
             self._bids = {}
             sellable = int((~self._retired_tokens()).sum())
-            if self._point_limit is not None:  # what it may sell: its own limit caps the count
-                delivered = int(np.count_nonzero(self._deliveries))  # (a constant of its policy)
-                sellable = min(sellable, max(0, self._point_limit - delivered))
+            left = self._points_left()  # what it may sell: its own limit caps the count
+            if left is not None:
+                sellable = min(sellable, left)
             return [self._out.make(msg.sender, msg.round, CountBody(sellable))]
         biddable = (self._deliveries < self._setup.max_deliveries) & ~self._retired_tokens()
         if self._at_point_limit():  # its own limit: only points already delivered stay
@@ -371,9 +371,15 @@ class Owner:
             deliver = DeliverBody(token, point=store.X[token].copy(), label=label)
         return [self._out.make(msg.sender, msg.round, deliver)]
 
-    def _at_point_limit(self) -> bool:
+    def _points_left(self) -> int | None:
+        """Distinct points its own limit still lets it sell (None: no limit)."""
         limit = self._point_limit
-        return limit is not None and int(np.count_nonzero(self._deliveries)) >= limit
+        if limit is None:
+            return None
+        return max(0, limit - int(np.count_nonzero(self._deliveries)))
+
+    def _at_point_limit(self) -> bool:
+        return self._points_left() == 0
 
     def _on_finish(self, msg: Message) -> list[Message]:
         self.state = "finished"
