@@ -102,11 +102,11 @@ class MarketConfig:
         ``[summary].eps_validation`` re-plans the Gaussian validation release at that budget.
         The mechanism (``[summary].mechanism``, actors/config/checks.py ``selected_mechanism``):
         allocate-select (``mechanism = "allocate-select"``, ``allocate = true``, or a
-        ``max_points`` or an allocation key without ``allocate = false``) adds its plan (``max_points`` 1.5 p unless
-        given; the histogram's noise spends eps_owner); random-select (``mechanism =
-        "random-select"``, and the default: no ``[summary]``, or one without a steering key)
-        adds its plan (``max_points`` the default budget (K + 1) p unless given; nothing
-        released, protocol/summary/random_select.py).
+        ``max_points`` or an allocation key without ``allocate = false``) adds its plan
+        (``max_points`` 1.5 p unless given; the histogram's noise spends eps_owner);
+        random-select (``mechanism = "random-select"``, and the default: no ``[summary]``, or
+        one without a steering key) adds its plan (``max_points`` the default budget (K + 1) p
+        unless given; nothing released, protocol/summary/random_select.py).
         """
         eps_validation = self.overrides.get("eps_validation", PLAN_EPS_VALIDATION)
         if (
