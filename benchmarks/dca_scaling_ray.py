@@ -62,6 +62,11 @@ class ClientBatch:
         ]
         return [encode(m) for party in self.parties for m in party.start()]
 
+    def dca_roster(self, owner: str, attestations: dict[str, Any]) -> int:
+        """The hub hands each owner its nodes' roster attestations after set-up; the batch's
+        clients, whose operator is this driver, contribute without them (as local owners do)."""
+        return len(attestations)
+
     def prepare(self, d: int) -> Any:
         """Draw the values of every party for a round at dimension d; return their sum."""
         sizes = {len(p.members) for p in self.parties}

@@ -65,6 +65,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.actors.budgets.store import BLOCKS_KEY, LedgerStore, StoreError
+from dpmarket.protocol.agents.policy import RoundPrice
 from dpmarket.protocol.privacy.blocks import Grouping, record_digests
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent
@@ -154,6 +155,9 @@ class OwnerGate:
         self._summary_blocks: set[int] = set()  # blocks asked to pay this run's summary plan
         self._summary_read: set[int] = set()  # ... and those that paid it
         self.declines: list[str] = []
+        # a remote owner's own price of each round label (protocol/agents/policy.py
+        # price_rounds): charged instead of the spec's declared sigma, sensitivity, relation
+        self.prices: dict[str, RoundPrice] | None = None
 
     @property
     def blocked(self) -> bool:
@@ -196,8 +200,16 @@ class OwnerGate:
             self.declines.append(f"{release}: no noise")
             raise BudgetDeclined(f"{self.owner}: round {spec.round} has no noise; declined")
         label = ROUND_LABELS.get(spec.label, spec.label or f"secure sum round {spec.round}")
+        sigma, sensitivity = spec.sigma_std, spec.sensitivity
+        if self.prices is not None:  # the owner's own figures (a round it never priced: none)
+            price = self.prices.get(spec.label)
+            if price is None:
+                self.declines.append(f"{release}: not priced")
+                raise BudgetDeclined(f"{self.owner}: round {spec.label!r} was never priced")
+            sensitivity = price.sensitivity
+            sigma = spec.sigma_std if price.ratio == 1.0 else spec.sigma_std * price.ratio
         return MechanismEvent(
-            "gaussian", (("sigma", spec.sigma_std),), spec.sensitivity,
+            "gaussian", (("sigma", sigma),), sensitivity,
             neighbouring=spec.neighbouring, label=label,
         )  # fmt: skip
 

@@ -39,6 +39,9 @@ class ComputeNodeHost:
         self._node = ComputeNode(config, name, key, client_keys, plan=plan)
         self._guard = ReplayGuard()
         self.errors: list[str] = []
+        # the owners' keys were pinned only with their own signatures (a node agent with
+        # [node].owners_ca) or by the operator itself (a local node): what attest() says
+        self.checked = True
 
     async def public_key(self) -> bytes:
         return bytes(self._node.public_key)
@@ -65,6 +68,11 @@ class ComputeNodeHost:
 
     async def status(self) -> dict[str, Any]:
         return {"registered": self._node.registered, "errors": list(self.errors)}
+
+    async def attest(self) -> dict[str, dict[str, Any]]:
+        """This node's roster attestation to each registered owner (protocol/securesum/node.py
+        ``ComputeNode.attest``), for the relay to hand on; it cannot alter them."""
+        return self._node.attest(self.checked)
 
 
 ComputeNodeActor = ray.remote(num_cpus=0)(ComputeNodeHost)

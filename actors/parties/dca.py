@@ -111,6 +111,29 @@ class DcaHub:
         await self.route(
             [f for reply in frames if not isinstance(reply, BaseException) for f in reply]
         )
+        await self.attest()
+
+    async def attest(self) -> None:
+        """Hand every owner its compute nodes' roster attestations (the owners registered
+        with each node, MACed under the owner's pair key with that node: the relay passes them
+        on, it cannot alter them); an owner that cannot verify one from each node it pinned
+        takes part in no round if it needs them (a remote owner: actors/parties/dcaowner.py)."""
+        answers = await asyncio.gather(
+            *(h.attest.remote() for h in self.nodes.values()), return_exceptions=True
+        )
+        per_node = {n: a for n, a in zip(self.nodes, answers, strict=True) if isinstance(a, dict)}
+        for name, answer in zip(self.nodes, answers, strict=True):
+            if isinstance(answer, BaseException):
+                self.errors.append(f"{name}: no roster attestation ({type(answer).__name__})")
+        calls = [
+            h.dca_roster.remote(o, {n: a[o] for n, a in per_node.items() if o in a})
+            for o, h in self.owners.items()
+        ]
+        for owner, reply in zip(
+            self.owners, await asyncio.gather(*calls, return_exceptions=True), strict=True
+        ):
+            if isinstance(reply, BaseException):
+                self.errors.append(f"{owner}: roster refused ({type(reply).__name__})")
 
     async def round(
         self, spec: RoundSpec, what: str, options: dict[str, Any], timeout: float

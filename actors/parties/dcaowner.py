@@ -41,12 +41,15 @@ class OperatorTrust:
     """What the operator hands every owner actor at construction, never through the curator:
     the session's configuration, each compute node's key fingerprint (node -> SHA-256 hex), the
     round plan, and the simulated colluders' behaviour (``[faults].colluders``: "withhold" or
-    "reveal" their noise; a simulation fault, known to the driver only)."""
+    "reveal" their noise; a simulation fault, known to the driver only). ``attest``: the owner
+    contributes to no round before every pinned node has attested the roster
+    (:meth:`OwnerSecureSum.attested`; a remote owner, whose operator is the market)."""
 
     config: DcaConfig
     pins: dict[str, str]
     plan: SecureSumPlan
     behaviours: dict[str, str] = field(default_factory=dict)
+    attest: bool = False
 
     def __post_init__(self) -> None:
         unpinned = sorted(set(self.config.nodes) - set(self.pins))
@@ -67,6 +70,8 @@ class OwnerSecureSum:
     # end) its sketch contribution to that round covered; deltas start where a released one ended
     sketched: dict[int, int] = field(default_factory=dict)
     allowance: RoundAllowance = field(init=False)
+    roster: int | None = None  # the fewest owners any pinned node attests (None: not yet)
+    unchecked: tuple[str, ...] = ()  # nodes that attest without checking owners' signatures
 
     def __post_init__(self) -> None:
         self.allowance = RoundAllowance(self.trust.plan)
@@ -98,6 +103,28 @@ class OwnerSecureSum:
         self.client = client
         return client.start()
 
+    def attested(self, attestations: dict[str, Any]) -> dict[str, Any]:
+        """Take every pinned node's roster attestation (node -> ``ComputeNode.attest``'s entry
+        for this owner) and return the roster size this owner counts on: the fewest owners any
+        node attests as registered (at least one node is honest, and an owner an honest node
+        did not register is absent from every round), and the nodes that did not check the
+        owners' signatures (``unchecked``). ``ValueError`` naming the node when one
+        is missing or does not verify (protocol/securesum/client.py ``Client.attested``);
+        nothing is recorded then."""
+        if self.client is None:
+            raise RuntimeError(f"{self.name}: dca_roster before dca_setup")
+        missing = sorted(set(self.trust.config.nodes) - set(attestations))
+        if missing:
+            raise ValueError(f"roster: no attestation from compute nodes {missing}")
+        sizes, unchecked = [], []
+        for node in self.trust.config.nodes:
+            checked, names = self.client.attested(self.name, node, attestations[node])
+            sizes.append(len(names))
+            if not checked:
+                unchecked.append(node)
+        self.roster, self.unchecked = min(sizes), tuple(unchecked)
+        return {"roster": self.roster, "unchecked": list(self.unchecked)}
+
     def contribute(
         self,
         records: npt.NDArray[np.float64],
@@ -116,9 +143,17 @@ class OwnerSecureSum:
         count per label (protocol/securesum/plan.py)."""
         if self.client is None:
             raise RuntimeError(f"{self.name}: dca_contribute before dca_setup")
+        _roster_check(self)
         self.allowance.take(spec, what, options)
         row = contribution(records, spec, what, options, self.name, self.sketched, live)
         return self.client.contribute(spec, row[None, :], self.rng)
+
+
+def _roster_check(dca: OwnerSecureSum) -> None:
+    if dca.client is None:
+        raise RuntimeError(f"{dca.name}: dca_contribute before dca_setup")
+    if dca.trust.attest and dca.roster is None:
+        raise ValueError(f"{dca.name}: no round before the pinned compute nodes attest the roster")
 
 
 def contribution(
@@ -178,6 +213,7 @@ def gated_contribute(
     the plan does not allow), then the charge is committed, and only then are the frames
     returned to be sent; ``BudgetDeclined`` (no frames) when the cap does not admit it."""
     session = session_id(dca.trust.pins)
+    _roster_check(dca)
     if gate is None or not gate.blocked:
         frames = dca.contribute(records, spec, what, options)
         if gate is not None:

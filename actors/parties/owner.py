@@ -27,6 +27,7 @@ from dpmarket.actors.budgets.gate import BudgetGate, OwnerGate
 from dpmarket.actors.cluster.placement import node_report
 from dpmarket.actors.parties.dcaowner import OperatorTrust, OwnerSecureSum, gated_contribute
 from dpmarket.actors.randomness import NoiseSource
+from dpmarket.protocol.agents.policy import RoundPrice
 from dpmarket.protocol.securesum.client import NodeKeyMismatch
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.summary.owner import Owner
@@ -280,6 +281,26 @@ class OwnerHost:
             hosted.errors.append(f"dca_setup: {exc}")
             raise
         return [encode(m) for m in frames]
+
+    async def dca_roster(self, owner: str, attestations: dict[str, Any]) -> dict[str, Any]:
+        """Take the compute nodes' roster attestations to ``owner`` (actors/parties/dcaowner.py
+        ``OwnerSecureSum.attested``): the roster size it counts on, the nodes that did not
+        check signatures. A bad one is refused
+        (``ValueError``, recorded): an owner that must have one then contributes to no round."""
+        hosted = self._owner(owner)
+        try:
+            return _dca_of(hosted, owner).attested(attestations)
+        except (RuntimeError, ValueError) as exc:
+            hosted.errors.append(f"dca_roster: {exc}")
+            raise
+
+    async def price_rounds(self, owner: str, prices: dict[str, RoundPrice]) -> None:
+        """The owner's own price of each round label (protocol/agents/policy.py): what its
+        gate charges from then on, whatever the round's spec declares."""
+        gate = self._owner(owner).gate
+        if gate is None:
+            raise RuntimeError(f"{owner}: no store to charge: a priced owner needs one")
+        gate.prices = dict(prices)
 
     async def dca_contribute(
         self, owner: str, spec: RoundSpec, what: str, options: dict[str, Any]

@@ -34,6 +34,9 @@ Relative paths are taken from the file's folder. An owner::
     block_records = 0                # > 0: blocks of records with their own budgets
     rounds = { normalise = 1, scan = 1, refresh = 0 }
     min_noise = { normalise = 1.0, scan = 1.0, refresh = 1.0, profile = 1.0, summary = 1.0 }
+    neighbouring = "replace"         # its relation ("replace": counts public; "add_remove")
+    min_tolerance = 1                # the fewest dropped-or-colluding owners T must cover
+    attested_roster = true           # K only from its pinned nodes' attestations
 
     [simulation]                     # tests only: noise from a public seed is not private
     reproducible_noise = true
@@ -68,7 +71,7 @@ SECTIONS_OWNER: dict[str, set[str] | None] = {
     "data": {"files", "header", "features", "label_column", "lower", "upper", "policy"},
     "nodes": None,  # node names or "pins"
     "policy": {"epsilon", "delta", "max_points", "purchases", "block_records", "rounds"}
-    | {"min_noise"},
+    | {"min_noise", "neighbouring", "min_tolerance", "attested_roster"},
     "simulation": {"reproducible_noise", "noise_seed"},
 }
 SECTIONS_NODE: dict[str, set[str] | None] = {
@@ -205,6 +208,9 @@ def _policy(path: str, table: dict[str, Any]) -> tuple[OwnerPolicy, int]:
             purchases=table.get("purchases"),
             rounds=dict(rounds),
             min_noise={k: float(v) for k, v in noise.items()},
+            neighbouring=table.get("neighbouring", "replace"),
+            min_tolerance=table.get("min_tolerance", 0),
+            attested_roster=table.get("attested_roster", True),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: [policy]: {exc}") from None

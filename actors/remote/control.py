@@ -174,6 +174,11 @@ def _read_contribute(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _read_roster(raw: dict[str, Any]) -> dict[str, Any]:
+    _fields(raw, {"attestations"})  # each checked by the owner's client (its tag, its names)
+    return {"attestations": _map(raw["attestations"], "attestations")}
+
+
 def _read_frames(raw: dict[str, Any]) -> dict[str, Any]:
     _fields(raw, {"frames"})
     return {"frames": _frames(raw["frames"], "frames")}
@@ -236,6 +241,12 @@ METHODS: dict[tuple[str, str], tuple[Packer, Reader, Checker, object]] = {
         _frames,
         RAISE,
     ),
+    ("owner", "dca_roster"): (
+        lambda a: {"attestations": dict(a[1])},
+        _read_roster,
+        _number,
+        RAISE,
+    ),
     ("owner", "handle"): (_owner_frames, _read_frames, _frames, []),
     ("owner", "budget_view"): (_no_args, _read_none, _view, {"unreachable": "not connected"}),
     ("owner", "status"): (
@@ -260,6 +271,7 @@ METHODS: dict[tuple[str, str], tuple[Packer, Reader, Checker, object]] = {
     ("node", "handle"): (lambda a: {"frames": list(a[0])}, _read_frames, _frames, RAISE),
     ("node", "tick"): (lambda a: {"now": float(a[0])}, _read_tick, _frames, []),
     ("node", "status"): (_no_args, _read_none, _status, {"registered": 0, "errors": []}),
+    ("node", "attest"): (_no_args, _read_none, _map, RAISE),
 }
 
 ABSENT = {key: entry[3] for key, entry in METHODS.items()}

@@ -8,7 +8,9 @@ configuration, the owners' public keys and the round plan arrive in the market's
 node opens no round below the plan's sigma floor or beyond its count, and its private key never
 leaves this process. With ``[node].owners_ca`` it admits an owner's key only with that owner's
 signature by a certificate of that CA (:meth:`NodeAgent.checked_keys`), so a market cannot
-register a key of its own in an owner's name.
+register a key of its own in an owner's name; its roster attestations (``attest``: the owners
+registered with it, MACed for each owner under their pair key) say whether it checked them, so
+each owner counts the roster it contributes among from its pinned nodes, not the market.
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ class NodeAgent:
             self.host = ComputeNodeHost(
                 config, self.config.name, self.key.private_bytes_raw(), keys, args["plan"]
             )
+            self.host.checked = self.config.owners_ca is not None  # what its attestations say
             print(
                 f"dpmarket {self.config.name}: session {config.run} with "
                 f"{len(config.clients)} owners",
@@ -115,6 +118,8 @@ class NodeAgent:
             return await self.host.handle(args["frames"])
         if method == "tick":
             return await self.host.tick(args["now"])
+        if method == "attest":
+            return await self.host.attest()
         raise RemoteProtocolError(f"method: no node method {method!r}")
 
 

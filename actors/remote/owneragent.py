@@ -45,7 +45,7 @@ from dpmarket.actors.parties.owner import OwnerHost
 from dpmarket.actors.remote.agent import Declined, serve
 from dpmarket.actors.remote.agentconfig import OwnerAgentConfig
 from dpmarket.actors.remote.tls import sign_identity
-from dpmarket.protocol.agents.policy import planned_purchase, review
+from dpmarket.protocol.agents.policy import RoundPrice, planned_purchase, price_rounds, review
 from dpmarket.protocol.agents.records import from_record
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import MechanismEvent
@@ -84,6 +84,9 @@ class OwnerAgent:
         self.ledger_run = ""
         self.accepted: list[str] = []  # ledger runs accepted while serving, in order
         self.session = ""  # the accepted secure-sum session (its DcaConfig.run)
+        # the accepted offer's session, plan, parameters and feature count: what the owner
+        # prices again when its nodes attest the roster (dca_roster)
+        self.offer: tuple[DcaConfig, SecureSumPlan, CuratorParams, int] | None = None
         Path(config.state).mkdir(parents=True, exist_ok=True)
 
     @property
@@ -173,7 +176,10 @@ class OwnerAgent:
         )
         schema = self._schema(offer["schema"])
         policy = self.config.policy
-        reasons = review(policy, plan, params) + self._schema_reasons(schema)
+        # every price from what this owner will send: its k features, the plan's rounds
+        k = schema.n_features
+        reasons = review(policy, plan, params, dca, k) + self._schema_reasons(schema)
+        prices = price_rounds(policy, plan, dca, k)[0]
         if policy.purchases is not None and self.purchases >= policy.purchases:
             reasons.append(f"purchases: the policy admits {policy.purchases}, all taken part in")
         if (dca is None) != (plan is None):
@@ -193,7 +199,8 @@ class OwnerAgent:
         ):  # a purchase that ended (or an earlier one of this market) is not reopened
             reasons.append(f"ledger run {ledger_run}: a purchase this owner already finished")
         if not reasons:
-            reasons = self._cap_reasons(planned_purchase(plan, params), ledger_run)
+            events = planned_purchase(prices, plan, params, policy.neighbouring)
+            reasons = self._cap_reasons(events, ledger_run)
         self.run = run
         if reasons:
             self.declined = "; ".join(reasons)
@@ -202,6 +209,10 @@ class OwnerAgent:
         self.declined = None
         await self._accept(run, ledger_run, params, dca, plan, schema)
         self.session = dca.run if dca is not None else ""
+        self.offer = None if dca is None or plan is None else (dca, plan, params, k)
+        if prices:  # its gate charges its own figures, never the round specs' declared ones
+            assert self.host is not None
+            await self.host.price_rounds(self.name, prices)
         if dca is not None:  # a resumed purchase: rounds already contributed stay used
             assert self.host is not None
             await self.host.rounds_used(self.name, self._rounds_in_store(ledger_run))
@@ -209,7 +220,11 @@ class OwnerAgent:
             self.purchases += 1  # a resume of the current purchase is not another one
         self.ledger_run = ledger_run
         self.accepted.append(ledger_run)
-        _say(self.name, f"accepted purchase {run} (p = {params.p}, max {policy.max_points} points)")
+        priced = f"; priced {_prices_note(prices)}" if prices else ""
+        _say(
+            self.name,
+            f"accepted purchase {run} (p = {params.p}, max {policy.max_points} points{priced})",
+        )
         return {"accepted": True, "reasons": []}
 
     def _attempt(self) -> Path:
@@ -273,7 +288,7 @@ class OwnerAgent:
         trust = None
         if dca is not None and plan is not None:
             pins = {n: config.pins[n] for n in dca.nodes}  # the owner's own, never relayed
-            trust = OperatorTrust(dca, pins, plan, {})
+            trust = OperatorTrust(dca, pins, plan, {}, attest=policy.attested_roster)
         budget = OwnerBudget(self.ledger, policy.epsilon, policy.delta, config.block_records)
         gate = BudgetGate(budget, ledger_run, summary_plan(params), config.block_records)
         floor = params.allocation_sigma if params.allocate else None  # reviewed against policy
@@ -331,11 +346,47 @@ class OwnerAgent:
             }
         if method == "dca_setup":
             return await host.dca_setup(name, args["config"], args["node_keys"])
+        if method == "dca_roster":
+            return await self.roster(host, args["attestations"])
         if method == "dca_contribute":
             return await host.dca_contribute(name, args["spec"], args["what"], args["options"])
         if method == "handle":
             return await host.handle({name: args["frames"]})
         raise RemoteProtocolError(f"method: no owner method {method!r}")
+
+    async def roster(self, host: OwnerHost, attestations: dict[str, Any]) -> int:
+        """The pinned nodes' roster attestations (actors/parties/dcaowner.py): every round is
+        priced again at the roster they attest (never the offer's), and the purchase is
+        declined, before any round, when a node did not check the owners' signatures (unless
+        the policy admits it), or a round's guaranteed noise or the planned charge no longer
+        fits the policy or the cap."""
+        if self.offer is None:
+            raise RuntimeError("dca_roster: the accepted purchase has no secure sum")
+        dca, plan, params, k = self.offer
+        policy = self.config.policy
+        answer = await host.dca_roster(self.name, attestations)
+        roster, reasons = int(answer["roster"]), []
+        if policy.attested_roster and answer["unchecked"]:
+            reasons.append(
+                f"roster: compute nodes {answer['unchecked']} did not check the owners' "
+                "signatures (the policy needs an attested roster)"
+            )
+        prices, priced = price_rounds(policy, plan, dca, k, roster)
+        reasons += priced
+        if not reasons:
+            events = planned_purchase(prices, plan, params, policy.neighbouring)
+            reasons = self._cap_reasons(events, self.ledger_run)
+        if reasons:
+            self.declined = "; ".join(reasons)
+            _say(self.name, f"declined purchase {self.run} at the attested roster: {self.declined}")
+            raise Declined(self.declined)
+        await host.price_rounds(self.name, prices)
+        _say(self.name, f"roster attested by {len(dca.nodes)} node(s): {roster} owners")
+        return roster
+
+
+def _prices_note(prices: dict[str, RoundPrice]) -> str:
+    return ", ".join(f"{p.label} x{p.multiplier:.3g}" for p in prices.values())
 
 
 def _bounds(value: object, k: int) -> tuple[float, ...]:

@@ -27,11 +27,7 @@ from dpmarket.protocol.privacy.ledger import record_relation
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig
 from dpmarket.protocol.summary.params import CuratorParams
-from dpmarket.protocol.summary.snr import (
-    moments_sensitivity,
-    sketch_sensitivity,
-    standardisation_verdict,
-)
+from dpmarket.protocol.summary.snr import contribution_sensitivity, standardisation_verdict
 from dpmarket.protocol.summary.standardise import Standardisation, standardisation
 
 __all__ = [
@@ -88,7 +84,8 @@ def prepare_secure(
     Relation: every round is planned under the run's one relation, ``params.neighbouring``
     (protocol/summary/releases.py), the one the summary releases, allocate-select and the
     auction are charged under: the L2 sensitivities are protocol/summary/snr.py's
-    ``moments_sensitivity`` and ``sketch_sensitivity`` for it, sigma is calibrated to each
+    ``contribution_sensitivity`` for it (the function each remote owner prices the offered rounds
+    with), sigma is calibrated to each
     round's (eps, delta) at that sensitivity (so the per-round epsilon is as configured), and
     the plan's relation is what the owners' and nodes' checks compare and what every ledger
     (the curator's, the owners' stores) records for a round.
@@ -111,8 +108,19 @@ def prepare_secure(
     value_bound = n_max * max(1.0, bound, bound**2)
     rows, width = secure["rows"], secure["width"]
     delta, relation = config.delta, params.neighbouring
-    sens_moments = moments_sensitivity(k, bound, neighbouring=relation)
-    sens_sketch = sketch_sensitivity(int(rows), neighbouring=relation)
+    sketch = {
+        "family": "l2",
+        "rows": int(rows),
+        "width": int(width),
+        "seed": int(config.seed),
+        "bandwidth": float(secure.get("bandwidth", 1.0 / np.sqrt(gamma))),
+    }
+    d_sketch = int(rows * width)
+    # the function a remote owner prices each offered round with (protocol/agents/policy.py)
+    sens_moments = contribution_sensitivity(
+        "moments", 2 * k + 1, {"bound": bound}, k, neighbouring=relation
+    )
+    sens_sketch = contribution_sensitivity("sketch", d_sketch, sketch, k, neighbouring=relation)
     frac = min(
         _auto_frac_bits(len(owners), d, eps, delta, sens, value_bound, config.tolerance, "analytic")
         for d, eps, sens in (
@@ -140,17 +148,9 @@ def prepare_secure(
         node_keys[name], pins[name] = private.private_bytes_raw(), key_fingerprint(public)
     for name, public_key in remote_nodes.items():  # an absent node: a key nobody holds
         pins[name] = key_fingerprint(public_key or generate_keypair()[1])
-    sketch = {
-        "family": "l2",
-        "rows": int(rows),
-        "width": int(width),
-        "seed": int(config.seed),
-        "bandwidth": float(secure.get("bandwidth", 1.0 / np.sqrt(gamma))),
-    }
     epochs = params.epoch_limit + params.explore_epochs(len(owners))
     every = int(secure["refresh_every"])
     refreshes = epochs // every + 1 if every > 0 else 0
-    d_sketch = int(rows * width)
     planned: dict[str, tuple[str, int, float, float, int, dict[str, Any]]] = {
         "normalise": (
             "moments",

@@ -17,6 +17,28 @@ and ``summary`` (Gaussian or tree summary releases, ``summary_sigma``). The purc
 planned charge (:func:`planned_purchase`: every planned round at its floor and count, and the
 summary phase's planned events) must also fit the owner's persistent cap, which its store's
 filter decides (actors/budgets/gate.py).
+
+The owner prices every round itself (:func:`price_rounds`), never with the market's numbers:
+
+- **sensitivity**: from what it will send (the round's contribution kind, d, clip bound and
+  sketch shape, over its own records' k features), by protocol/summary/snr.py
+  ``contribution_sensitivity``, the function the market plans with; an offer declaring another
+  sensitivity, d or options is declined naming both figures;
+- **relation**: the policy's own (``neighbouring``, default replace-one); an offer under another
+  relation (the plan's rounds or the curator's parameters) is declined naming both;
+- **noise**: the owner's noise share is ``sigma / sqrt(K - T - 1)`` at the offer's roster K and
+  tolerance T (protocol/privacy/dgauss.py ``client_sigma``); what it can count on is that share
+  times ``sqrt(K' - T' - 1)`` over the honest others: K' the roster its pinned compute nodes
+  attest (protocol/securesum/node.py ``ComputeNode.attest``: owners that registered with a
+  key proven by their own signature), T' the offer's T, which must be at least the policy's
+  ``min_tolerance``. That guaranteed sigma over its own sensitivity is the multiplier checked
+  against ``min_noise``, and what its ledger is charged (equal to the plan's floor when the
+  market is honest).
+
+Guarantee (per owner, as long as one compute node is honest and at most T' owners drop or
+collude): each round this owner contributes to is the Gaussian mechanism with L2 sensitivity
+:func:`price_rounds`'s figure under the policy's relation, at a noise standard deviation no
+smaller than the price's sigma; the owner's store is charged exactly that event per round.
 """
 
 from __future__ import annotations
@@ -24,12 +46,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dpmarket.protocol.privacy.ledger import MechanismEvent, PrivacyLedger
+from dpmarket.protocol.privacy.ledger import RELATIONS, MechanismEvent, PrivacyLedger
 from dpmarket.protocol.securesum.plan import SecureSumPlan
+from dpmarket.protocol.securesum.spec import DcaConfig
 from dpmarket.protocol.summary.params import CuratorParams
-from dpmarket.protocol.summary.snr import planned_owner_ledger
+from dpmarket.protocol.summary.snr import contribution_sensitivity, planned_owner_ledger
 
-__all__ = ["NOISE_KINDS", "ROUND_LABELS", "OwnerPolicy", "planned_purchase", "review"]
+__all__ = [
+    "GRID_SHARE",
+    "NOISE_KINDS",
+    "ROUND_LABELS",
+    "OwnerPolicy",
+    "RoundPrice",
+    "planned_purchase",
+    "price_rounds",
+    "review",
+]
+
+GRID_SHARE = 0.01
+"""The most the fixed-point grid's rounding (one step, 2^-frac_bits, per coordinate) may add to
+a round's L2 sensitivity, as a share of it: a coarser grid the offer sets is declined, since the
+owner charges its own sensitivity without the grid's step."""
 
 ROUND_LABELS = ("normalise", "scan", "refresh")
 NOISE_KINDS = (*ROUND_LABELS, "profile", "summary")
@@ -41,7 +78,13 @@ class OwnerPolicy:
     (the Rényi filter of its ledger store); ``max_points``: the most distinct records it
     delivers to one purchase; ``purchases``: how many purchases it joins while serving (None:
     as many as its cap admits); ``rounds``: secure-sum rounds admitted per purchase by label
-    (a label not listed: none); ``min_noise``: the smallest noise multiplier per kind."""
+    (a label not listed: none); ``min_noise``: the smallest noise multiplier per kind;
+    ``neighbouring``: the relation its guarantee is stated in ("replace": one record replaced,
+    counts public; "add_remove"); ``min_tolerance``: the fewest dropped-or-colluding owners
+    the secure sum must tolerate (an offer's T below it is declined); ``attested_roster``:
+    the roster size is taken only from its pinned compute nodes' attestations, each of which
+    must have checked the owners' signatures (False: a trial whose nodes take the market's word
+    for the owners' keys)."""
 
     epsilon: float
     delta: float
@@ -49,6 +92,9 @@ class OwnerPolicy:
     purchases: int | None = None
     rounds: dict[str, int] = field(default_factory=dict)
     min_noise: dict[str, float] = field(default_factory=dict)
+    neighbouring: str = "replace"
+    min_tolerance: int = 0
+    attested_roster: bool = True
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -71,26 +117,135 @@ class OwnerPolicy:
                 raise ValueError(f"policy.min_noise.{kind}: not a release kind {NOISE_KINDS}")
             if not (math.isfinite(floor) and floor > 0):
                 raise ValueError(f"policy.min_noise.{kind}: expected a positive number")
+        if self.neighbouring not in RELATIONS:
+            raise ValueError(
+                f"policy.neighbouring: expected one of {sorted(RELATIONS)}, "
+                f"got {self.neighbouring!r}"
+            )
+        t = self.min_tolerance
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ValueError(f"policy.min_tolerance: expected an integer >= 0, got {t!r}")
+        if not isinstance(self.attested_roster, bool):
+            raise ValueError(
+                f"policy.attested_roster: expected true or false, got {self.attested_roster!r}"
+            )
 
 
-def review(policy: OwnerPolicy, plan: SecureSumPlan | None, params: CuratorParams) -> list[str]:
-    """Every way an offered purchase exceeds ``policy`` (empty: acceptable in itself; the cap
-    is checked against the owner's store separately)."""
-    reasons = []
-    for label, planned in sorted((plan.rounds if plan is not None else {}).items()):
+@dataclass(frozen=True)
+class RoundPrice:
+    """One planned secure-sum round as the owner prices it: its own L2 ``sensitivity`` of what
+    it sends, the noise ``sigma`` its share guarantees at the plan's floor, and ``ratio``, that
+    sigma over the plan's (1.0 exactly when the offer's roster and T are what the owner counts
+    on); a round opened above the floor guarantees ``spec.sigma_std * ratio``."""
+
+    label: str
+    sensitivity: float
+    sigma: float
+    ratio: float
+
+    @property
+    def multiplier(self) -> float:
+        return self.sigma / self.sensitivity
+
+
+def price_rounds(
+    policy: OwnerPolicy,
+    plan: SecureSumPlan | None,
+    dca: DcaConfig | None,
+    n_features: int,
+    roster: int | None = None,
+) -> tuple[dict[str, RoundPrice], list[str]]:
+    """The owner's own price of every round ``plan`` offers in session ``dca`` (module
+    docstring) over records of ``n_features`` features, with ``roster`` owners attested by its
+    pinned nodes (None: before the attestation, the offer's roster); and every reason to
+    decline (empty: the rounds are within the policy; the cap is checked separately)."""
+    if plan is None or dca is None:
+        return {}, []
+    reasons: list[str] = []
+    relation = RELATIONS[policy.neighbouring]
+    offered_k, offered_t = len(dca.clients), dca.tolerance
+    if offered_t < policy.min_tolerance:
+        reasons.append(
+            f"tolerance: the session tolerates T = {offered_t} dropped or colluding owners, "
+            f"the policy needs at least {policy.min_tolerance}"
+        )
+    k = offered_k if roster is None else roster
+    honest = k - max(offered_t, policy.min_tolerance) - 1
+    if honest < 1:
+        reasons.append(
+            f"roster: {k} attested owners with T = {max(offered_t, policy.min_tolerance)} "
+            f"leave no other honest owner's noise (the offer names {offered_k})"
+        )
+        return {}, reasons
+    same = k == offered_k and offered_t >= policy.min_tolerance
+    ratio = 1.0 if same else math.sqrt(honest / (offered_k - offered_t - 1))
+    prices: dict[str, RoundPrice] = {}
+    for label, planned in sorted(plan.rounds.items()):
         admitted = policy.rounds.get(label, 0)
         if planned.max_rounds > admitted:
             reasons.append(
                 f"secure sum {label!r}: the market plans {planned.max_rounds} round(s), "
                 f"the policy admits {admitted}"
             )
-        multiplier = planned.sigma_floor / planned.sensitivity
-        floor = policy.min_noise.get(label)
-        if floor is not None and multiplier < floor:
+        if planned.neighbouring != relation:
             reasons.append(
-                f"secure sum {label!r}: noise multiplier {multiplier:.4g} is below the "
-                f"policy's {floor:g}"
+                f"secure sum {label!r}: relation {planned.neighbouring!r}, this owner's is "
+                f"{relation!r}"
             )
+            continue
+        try:
+            own = contribution_sensitivity(
+                planned.what, planned.d, planned.options, n_features,
+                neighbouring=policy.neighbouring,
+            )  # fmt: skip
+        except ValueError as exc:
+            reasons.append(f"secure sum {label!r}: {exc}")
+            continue
+        if not math.isclose(planned.sensitivity, own, rel_tol=1e-12):
+            reasons.append(
+                f"secure sum {label!r}: the market declares L2 sensitivity "
+                f"{planned.sensitivity:.6g}, this owner's own figure for what it sends is "
+                f"{own:.6g}"
+            )
+            continue
+        step = math.sqrt(planned.d) * math.ldexp(1.0, -dca.frac_bits)
+        if step > GRID_SHARE * own:
+            reasons.append(
+                f"secure sum {label!r}: frac_bits = {dca.frac_bits} rounds by up to {step:.3g} "
+                f"in L2, over {GRID_SHARE:g} of the sensitivity {own:.4g}"
+            )
+        price = RoundPrice(label, own, planned.sigma_floor * ratio, ratio)
+        prices[label] = price
+        floor = policy.min_noise.get(label)
+        if floor is not None and price.multiplier < floor:
+            reasons.append(
+                f"secure sum {label!r}: noise multiplier {price.multiplier:.4g} (sigma "
+                f"{price.sigma:.4g} over {k - 1} other owners, T = {offered_t}, at "
+                f"sensitivity {own:.4g}) is below the policy's {floor:g}"
+            )
+    return prices, reasons
+
+
+def review(
+    policy: OwnerPolicy,
+    plan: SecureSumPlan | None,
+    params: CuratorParams,
+    dca: DcaConfig | None = None,
+    n_features: int = 0,
+) -> list[str]:
+    """Every way an offered purchase exceeds ``policy`` (empty: acceptable in itself; the cap
+    is checked against the owner's store separately): the secure-sum rounds as the owner prices
+    them (:func:`price_rounds`, at the offer's roster), the curator's relation, and the
+    profile's and summary's noise multipliers (the curator's parameters; the owner's own code
+    computes those releases' sensitivities)."""
+    reasons = price_rounds(policy, plan, dca, n_features)[1]
+    if plan is not None and dca is None:
+        reasons.append("secure sum: a plan without a session")
+    if params.neighbouring != policy.neighbouring:
+        reasons.append(
+            f"relation: the curator's parameters say {params.neighbouring!r}, this owner's is "
+            f"{policy.neighbouring!r}"
+        )
     floor = policy.min_noise.get("profile")
     if params.allocate and floor is not None and params.allocation_sigma < floor:
         reasons.append(
@@ -106,16 +261,23 @@ def review(policy: OwnerPolicy, plan: SecureSumPlan | None, params: CuratorParam
     return reasons
 
 
-def planned_purchase(plan: SecureSumPlan | None, params: CuratorParams) -> list[MechanismEvent]:
-    """Every event one purchase may charge the owner: each planned secure-sum round at its
-    floor, as many times as planned, and the summary phase's planned events (an upper bound)."""
+def planned_purchase(
+    prices: dict[str, RoundPrice],
+    plan: SecureSumPlan | None,
+    params: CuratorParams,
+    neighbouring: str = "replace",
+) -> list[MechanismEvent]:
+    """Every event one purchase may charge the owner: each planned secure-sum round at the
+    owner's own price (:func:`price_rounds`), as many times as planned, under its relation, and
+    the summary phase's planned events (an upper bound)."""
     ledger = PrivacyLedger("owner")
     for label, planned in sorted((plan.rounds if plan is not None else {}).items()):
+        price = prices[label]
         ledger.gaussian(
-            planned.sigma_floor,
-            planned.sensitivity,
+            price.sigma,
+            price.sensitivity,
             count=planned.max_rounds,
             label=label,
-            neighbouring=planned.neighbouring,
+            neighbouring=RELATIONS[neighbouring],
         )
     return [*ledger.events, *planned_owner_ledger(params).events]

@@ -19,6 +19,7 @@ refuses an old round).
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -51,6 +52,7 @@ from dpmarket.protocol.securesum.spec import (
     frame_aad,
     pair_salt,
     register_info,
+    roster_info,
     round_key_info,
 )
 from dpmarket.protocol.wire.codec import Message
@@ -116,6 +118,7 @@ class Client:
         self._withhold = np.array([behaviour.get(m) == "withhold" for m in members])
         self._reveal = [i for i, m in enumerate(members) if behaviour.get(m) == "reveal"]
         self._keyrings: dict[str, RoundKeyring] = {}
+        self._pairs: dict[tuple[str, str], PairKey] = {}  # (member, node) -> pair key
         self._masks: ClientMasks | None = None
         self._out = Outbox(config.run, name)
         self._table: dict[tuple[str, str], Handler] = {}
@@ -147,6 +150,7 @@ class Client:
                 PairKey(pair_secret(key, node_key, pair_salt(self.run, m, node, public, node_key)))
                 for m, (key, public) in zip(self.members, pairs, strict=True)
             ]
+            self._pairs.update(((m, node), prk) for m, prk in zip(self.members, prks, strict=True))
             proofs[node] = b"".join(
                 prk.mac(register_info(self.run, m, node, public, node_key))
                 for prk, m, (_, public) in zip(prks, self.members, pairs, strict=True)
@@ -166,6 +170,31 @@ class Client:
             self._out.make(node, 0, RegisterBody(index, publics, _rows(proofs[node])))
             for node in self.config.nodes
         ]
+
+    def attested(self, member: str, node: str, attestation: object) -> tuple[bool, tuple[str, ...]]:
+        """``node``'s roster attestation to ``member`` (``ComputeNode.attest``): whether the
+        node checked the owners' signatures, and the clients registered with it. ``ValueError``
+        naming the node unless it is well formed, names only roster clients including
+        ``member``, and its tag verifies under the pair key of (member, node), whose node key
+        was checked against its pin at :meth:`start`: a relay cannot forge or alter it."""
+        pair = self._pairs.get((member, node))
+        if pair is None:
+            raise ValueError(f"roster: {node} is not a node of {member}'s session set-up")
+        if not isinstance(attestation, dict) or set(attestation) != {"checked", "admitted", "tag"}:
+            raise ValueError(f"roster: {node}'s attestation is malformed")
+        checked, admitted, tag = (attestation[k] for k in ("checked", "admitted", "tag"))
+        names = tuple(admitted) if isinstance(admitted, list | tuple) else ()
+        if not isinstance(checked, bool) or not isinstance(tag, bytes) or len(names) < 1:
+            raise ValueError(f"roster: {node}'s attestation is malformed")
+        roster = self.config.index
+        if len(set(names)) != len(names) or any(n not in roster for n in names):
+            raise ValueError(f"roster: {node} attests names outside the session's roster")
+        expected = pair.mac(roster_info(self.config.session_digest, node, member, checked, names))
+        if not hmac.compare_digest(expected, tag):
+            raise ValueError(f"roster: {node}'s attestation does not verify (altered or forged)")
+        if member not in names:
+            raise ValueError(f"roster: {node} does not attest {member} itself as registered")
+        return checked, names
 
     def contribute(
         self, spec: RoundSpec, values: npt.ArrayLike, rng: np.random.Generator

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -68,6 +69,7 @@ from dpmarket.protocol.securesum.spec import (
     frame_aad,
     pair_salt,
     register_info,
+    roster_info,
     round_key_info,
 )
 from dpmarket.protocol.wire.codec import Message
@@ -130,6 +132,7 @@ class ComputeNode:
         self._keys = RoundKeyring(0 if self._derived else config.n_clients, round_key_info)
         self._masks = NodeMasks(config.n_clients, config.n_nodes, config.nodes.index(name))
         self._registered = np.zeros(config.n_clients, dtype=np.bool_)
+        self._pairs: dict[int, PairKey] = {}  # registered client -> its pair key (attestations)
         self._out = Outbox(config.run, name)
         self.state = "idle"
         self.round: _Round | None = None
@@ -201,7 +204,24 @@ class ComputeNode:
         else:
             self._keys.add(list(derived), list(derived.values()))
         self._registered[list(derived)] = True
+        self._pairs.update(derived)
         return []
+
+    def attest(self, checked: bool) -> dict[str, dict[str, Any]]:
+        """This node's roster attestation to each registered client: the clients registered
+        with it (each proved it holds the key pinned here), whether those keys were pinned only
+        with their owners' signatures (``checked``: the host's word, actors/remote/nodeagent.py),
+        and a tag under the pair key (:func:`roster_info`), which only this node (whose key the
+        client pinned) and that client can compute. A relay can withhold it but not forge or
+        alter it."""
+        admitted = tuple(self.config.clients[i] for i in sorted(self._pairs))
+        session, out = self.config.session_digest, {}
+        for i in sorted(self._pairs):
+            client = self.config.clients[i]
+            info = roster_info(session, self.name, client, checked, admitted)
+            out[client] = {"checked": checked, "admitted": list(admitted),
+                           "tag": self._pairs[i].mac(info)}  # fmt: skip
+        return out
 
     def _bound_pair(self, client: str, raw: bytes, proof: bytes) -> PairKey:
         """The pair key of ``client``'s registration, checked against the pinned key and the

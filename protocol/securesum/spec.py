@@ -96,6 +96,7 @@ __all__ = [
     "frame_aad",
     "pair_salt",
     "register_info",
+    "roster_info",
     "round_key_info",
 ]
 
@@ -131,6 +132,18 @@ def frame_aad(digest: bytes, node: str, kind: str) -> bytes:
 def register_info(run: str, client: str, node: str, client_key: bytes, node_key: bytes) -> bytes:
     """What a registration proof authenticates: the client's name and key for this node."""
     return length_prefixed(_DOMAIN + "/register", run, client, node, client_key, node_key)
+
+
+def roster_info(
+    session: bytes, node: str, client: str, checked: bool, admitted: tuple[str, ...]
+) -> bytes:
+    """What a node's roster attestation to ``client`` authenticates (an HMAC under their pair
+    key, :meth:`~dpmarket.protocol.securesum.node.ComputeNode.attest`): the session
+    (:attr:`DcaConfig.session_digest`), both names, whether the node checked the owners'
+    signatures before pinning their keys, and the clients registered with it."""
+    return length_prefixed(
+        _DOMAIN + "/roster", session, node, client, int(checked), length_prefixed(*admitted)
+    )
 
 
 def pair_salt(run: str, client: str, node: str, client_key: bytes, node_key: bytes) -> bytes:
@@ -291,6 +304,18 @@ class DcaConfig:
         """SHA-256 of the roster and the compute nodes (computed once per session)."""
         roster = length_prefixed(length_prefixed(*self.clients), length_prefixed(*self.nodes))
         return hashlib.sha256(roster).digest()
+
+    @functools.cached_property
+    def session_digest(self) -> bytes:
+        """SHA-256 of every public parameter of the session (roster, nodes, T, grid, colluders,
+        share mode): a roster attestation binds it, so an owner and a node that sign off on
+        one roster also agree on the rest."""
+        parts = length_prefixed(
+            _DOMAIN + "/session", self.run, self.aggregator, self.tolerance, self.bound.hex(),
+            self.frac_bits, self.prg, self.shares, length_prefixed(*self.colluders),
+            self.roster_digest,
+        )  # fmt: skip
+        return hashlib.sha256(parts).digest()
 
     def digest(self, spec: RoundSpec) -> bytes:
         """SHA-256 binding the session and the round's parameters (AEAD data, key info)."""

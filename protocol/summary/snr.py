@@ -28,6 +28,7 @@ __all__ = [
     "STEER_MIN_SNR",
     "VALIDATION_SIGNAL",
     "ReleaseCheck",
+    "contribution_sensitivity",
     "moments_sensitivity",
     "normalise_check",
     "owners_check",
@@ -102,6 +103,51 @@ def sketch_sensitivity(rows: int, *, neighbouring: str) -> float:
     if neighbouring == "replace":
         return math.sqrt(2.0 * rows)
     raise ValueError(f"neighbouring must be 'replace' or 'add_remove', got {neighbouring!r}")
+
+
+SKETCH_OPTIONS = frozenset({"family", "rows", "width", "seed", "bandwidth"})
+CONTRIBUTIONS = ("moments", "sketch", "sketch_delta")
+
+
+def contribution_sensitivity(
+    what: str, d: int, options: dict[str, object], n_features: int, *, neighbouring: str
+) -> float:
+    """L2 sensitivity of the vector an owner adds to a secure-sum round of kind ``what`` with
+    ``options`` (actors/parties/dcaowner.py ``contribution``) over records of ``n_features``
+    features, under ``neighbouring``; ``ValueError`` naming the mismatch when ``d`` or the
+    options are not what that vector has. The market plans every round with it
+    (actors/run/phases.py) and a remote owner prices every offered round with it from what it
+    will itself send (protocol/agents/policy.py), so neither takes the other's number.
+
+    ``moments``: d = 2k + 1, options exactly ``{"bound"}`` (the clip bound the owner applies):
+    :func:`moments_sensitivity`. ``sketch`` / ``sketch_delta``: d = rows x width, options
+    exactly the sketch's (family, rows, width, seed, bandwidth; a delta's ``base_rounds`` is
+    per round and does not enter): :func:`sketch_sensitivity` of ``rows``."""
+    if what == "moments":
+        if set(options) != {"bound"}:
+            raise ValueError(f"moments: options {sorted(options)}, expected ['bound']")
+        bound = options["bound"]
+        if isinstance(bound, bool) or not isinstance(bound, int | float):
+            raise ValueError(f"moments: bound {bound!r} is not a number")
+        if not (math.isfinite(bound) and bound > 0):
+            raise ValueError(f"moments: bound {bound!r} is not a finite positive number")
+        if d != 2 * n_features + 1:
+            raise ValueError(
+                f"moments: d = {d}, but {n_features} features give 2k + 1 = {2 * n_features + 1}"
+            )
+        return moments_sensitivity(n_features, float(bound), neighbouring=neighbouring)
+    if what not in CONTRIBUTIONS:
+        raise ValueError(f"contribution {what!r} is not one of {CONTRIBUTIONS}")
+    fixed = set(options) - {"base_rounds"} if what == "sketch_delta" else set(options)
+    if fixed != SKETCH_OPTIONS:
+        raise ValueError(f"{what}: options {sorted(fixed)}, expected {sorted(SKETCH_OPTIONS)}")
+    rows, width = options["rows"], options["width"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (rows, width)):
+        raise ValueError(f"{what}: rows {rows!r} and width {width!r} must be integers >= 1")
+    assert isinstance(rows, int) and isinstance(width, int)
+    if d != rows * width:
+        raise ValueError(f"{what}: d = {d}, but the sketch has rows x width = {rows * width}")
+    return sketch_sensitivity(rows, neighbouring=neighbouring)
 
 
 @dataclass(frozen=True)

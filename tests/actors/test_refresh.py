@@ -53,6 +53,10 @@ class _Node:
         self.public_key = _remote(self._public_key)
         self.handle = _remote(self._handle)
         self.tick = _remote(self._tick)
+        self.attest = _remote(self._attest)
+
+    async def _attest(self) -> dict[str, Any]:
+        return self.node.attest(True)
 
     async def _public_key(self) -> bytes:
         return bytes(self.node.public_key)
@@ -72,6 +76,14 @@ class _Owner:
         self.gate, self.asked = gate, asked
         self.dca_setup = _remote(self._setup)
         self.dca_contribute = _remote(self._contribute)
+        self.dca_roster = _remote(self._roster)
+        self.roster: dict[str, tuple[bool, tuple[str, ...]]] = {}
+
+    async def _roster(self, owner: str, attestations: dict[str, Any]) -> int:
+        assert self.client is not None
+        for node, attestation in attestations.items():
+            self.roster[node] = self.client.attested(owner, node, attestation)
+        return min(len(names) for _, names in self.roster.values())
 
     async def _setup(self, owner: str, config: DcaConfig, keys: dict[str, bytes]) -> list[bytes]:
         self.client = Client(config, f"client:{owner}", keys, (owner,))
@@ -100,6 +112,9 @@ async def _refresh_in_flight(
     owners = {o: _Owner(gate, asked) for o in OWNERS}
     hub = DcaHub(config, {n: _Node(config, n) for n in NODES}, owners, PrivacyLedger("dca"))
     await hub.setup()
+    # set-up hands every owner each node's roster attestation, which its client verifies
+    assert all(o.roster == {n: (True, OWNERS) for n in NODES} for o in owners.values())
+    assert hub.errors == []
     scan = RoundResult(2, "failed", "", None, None, (), OWNERS, 1.0, 1.0)
     release = SimpleNamespace(estimated_size=lambda: 3.0, statement=SimpleNamespace(releases=1))
     ledgers = {o: PrivacyLedger(o) for o in OWNERS}

@@ -4,35 +4,61 @@ names every way an offer exceeds it."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import msgpack
+import numpy as np
 import pytest
 
 from dpmarket.protocol.agents.messages import CallBody, EndBody, HelloBody, ReplyBody
-from dpmarket.protocol.agents.policy import OwnerPolicy, planned_purchase, review
+from dpmarket.protocol.agents.policy import OwnerPolicy, planned_purchase, price_rounds, review
 from dpmarket.protocol.agents.records import from_record, pack, record, unpack
+from dpmarket.protocol.privacy.dgauss import sample_discrete_gaussian
 from dpmarket.protocol.privacy.ledger import PrivacyLedger, record_relation
 from dpmarket.protocol.securesum.plan import PlannedRound, SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.summary.params import CuratorParams
-from dpmarket.protocol.summary.snr import planned_owner_ledger
+from dpmarket.protocol.summary.snr import (
+    moments_sensitivity,
+    planned_owner_ledger,
+    sketch_sensitivity,
+)
 from dpmarket.protocol.wire.codec import Message, ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 
 RELATION = record_relation("replace")  # the market's one relation (actors/run/phases.py)
+K_FEATURES = 3
+SKETCH = {"family": "l2", "rows": 4, "width": 16, "seed": 0, "bandwidth": 1.0}
+SESSION = DcaConfig(
+    "m-dca", tuple(f"owner-{i}" for i in range(1, 5)), ("node-1", "node-2"), tolerance=1,
+    bound=1e4, frac_bits=24,
+)  # fmt: skip
+# the owner's own figures for what it sends: k = 3 features clipped to 3, a 4 x 16 sketch
+MOMENTS_SENS = moments_sensitivity(K_FEATURES, 3.0, neighbouring="replace")  # about 16.5
+SKETCH_SENS = sketch_sensitivity(4, neighbouring="replace")  # sqrt(8)
 
 
-def _plan(sigma: float = 4.0, sens: float = 2.0, rounds: int = 1) -> SecureSumPlan:
+def _plan(
+    mult: float = 2.0, rounds: int = 1, *, lie: float = 1.0, relation: str = RELATION
+) -> SecureSumPlan:
+    """An offer's plan at noise multiplier ``mult`` of the sensitivity it declares, which is
+    the true one divided by ``lie`` (sigma calibrated to the lie)."""
+    moments, sketch = MOMENTS_SENS / lie, SKETCH_SENS / lie
     return SecureSumPlan(
         {
             "normalise": PlannedRound(
-                "moments", 7, sigma, sens, rounds, {"bound": 3.0}, neighbouring=RELATION
+                "moments", 2 * K_FEATURES + 1, mult * moments, moments, rounds, {"bound": 3.0},
+                neighbouring=relation,
             ),
             "scan": PlannedRound(
-                "sketch", 64, sigma, sens, 1, {"rows": 4, "family": "l2"}, neighbouring=RELATION
+                "sketch", 64, mult * sketch, sketch, 1, SKETCH, neighbouring=relation
             ),
         }
-    )
+    )  # fmt: skip
+
+
+def _review(policy: OwnerPolicy, plan: SecureSumPlan | None, params: CuratorParams) -> list[str]:
+    return review(policy, plan, params, SESSION if plan is not None else None, K_FEATURES)
 
 
 def _policy(**kw: object) -> OwnerPolicy:
@@ -105,7 +131,7 @@ def test_agent_frames_cross_the_codec_with_the_replay_guard() -> None:
 
 
 def test_review_accepts_an_offer_within_the_policy() -> None:
-    assert review(_policy(), _plan(), CuratorParams(p=10)) == []
+    assert _review(_policy(), _plan(), CuratorParams(p=10)) == []
 
 
 def test_review_names_every_excess() -> None:
@@ -117,17 +143,123 @@ def test_review_names_every_excess() -> None:
         final_selection="exact",
         max_deliveries=1,
     )
-    reasons = review(_policy(min_noise={"normalise": 3.0, "profile": 1.0}), _plan(rounds=2), params)
+    policy = _policy(min_noise={"normalise": 3.0, "profile": 1.0})
+    reasons = _review(policy, _plan(rounds=2), params)
     assert any("'normalise'" in r and "plans 2 round(s)" in r and "admits 1" in r for r in reasons)
-    assert any("'normalise'" in r and "multiplier 2 is below the policy's 3" in r for r in reasons)
+    assert any(
+        "'normalise'" in r and "multiplier 2 (sigma" in r and "policy's 3" in r for r in reasons
+    )
     assert any(r.startswith("profile: noise multiplier 0.5") for r in reasons)
     # a round the policy does not list is admitted zero times
-    no_scan = review(_policy(rounds={"normalise": 1}), _plan(), CuratorParams(p=10))
+    no_scan = _review(_policy(rounds={"normalise": 1}), _plan(), CuratorParams(p=10))
     assert no_scan == ["secure sum 'scan': the market plans 1 round(s), the policy admits 0"]
     gaussian = CuratorParams(p=10, summary_release="gaussian", summary_sigma=0.8)
-    assert review(_policy(min_noise={"summary": 1.0}), None, gaussian) == [
+    assert _review(_policy(min_noise={"summary": 1.0}), None, gaussian) == [
         "summary: noise multiplier 0.8 is below the policy's 1"
     ]
+
+
+def test_a_sensitivity_understated_with_sigma_calibrated_to_it_is_declined_by_name() -> None:
+    """The dishonest market of issue 36: every declared multiplier looks honest (2.0), but the
+    sensitivities are 20x too small; the owner's own figure names the lie."""
+    reasons = _review(_policy(), _plan(lie=20.0), CuratorParams(p=10))
+    assert len(reasons) == 2
+    assert "secure sum 'normalise': the market declares L2 sensitivity 0.8" in reasons[0]
+    assert f"own figure for what it sends is {MOMENTS_SENS:.6g}" in reasons[0]
+    assert "secure sum 'scan'" in reasons[1] and f"{SKETCH_SENS:.6g}" in reasons[1]
+    # the old test's offer: sensitivity 2.0 declared for bound 3 and k = 3 (really about 16.5)
+    lie = MOMENTS_SENS / 2.0
+    assert any(
+        "declares L2 sensitivity 2," in r
+        for r in _review(_policy(), _plan(lie=lie), CuratorParams(p=10))
+    )
+    # a sensitivity overstated is declined too: what is declared must be what is sent
+    assert _review(_policy(), _plan(lie=0.5), CuratorParams(p=10)) != []
+
+
+@pytest.mark.parametrize(
+    ("round_", "message"),
+    [
+        (PlannedRound("moments", 9, 40.0, MOMENTS_SENS, 1, {"bound": 3.0}, RELATION),
+         "moments: d = 9, but 3 features give 2k + 1 = 7"),
+        (PlannedRound("moments", 7, 40.0, MOMENTS_SENS, 1, {"bound": 3.0, "rows": 1}, RELATION),
+         "moments: options ['bound', 'rows'], expected ['bound']"),
+        (PlannedRound("sketch", 128, 6.0, SKETCH_SENS, 1, SKETCH, RELATION),
+         "sketch: d = 128, but the sketch has rows x width = 64"),
+        (PlannedRound("sketch", 64, 6.0, SKETCH_SENS, 1, {"rows": 4, "width": 16}, RELATION),
+         "sketch: options ['rows', 'width'], expected"),
+        (PlannedRound("histogram", 64, 6.0, SKETCH_SENS, 1, {}, RELATION),
+         "contribution 'histogram' is not one of"),
+    ],
+)  # fmt: skip
+def test_a_shape_or_options_other_than_what_the_owner_sends_is_declined(
+    round_: PlannedRound, message: str
+) -> None:
+    plan = SecureSumPlan({"normalise": round_})
+    reasons = _review(_policy(rounds={"normalise": 1}), plan, CuratorParams(p=10))
+    assert any(message in r for r in reasons), reasons
+
+
+def test_the_relation_is_the_owners_own() -> None:
+    add_remove = record_relation("add_remove")
+    reasons = _review(_policy(), _plan(relation=add_remove), CuratorParams(p=10))
+    assert f"relation {add_remove!r}, this owner's is {RELATION!r}" in reasons[0]
+    params = CuratorParams(p=10, neighbouring="add_remove")
+    assert _review(_policy(), _plan(), params) == [
+        "relation: the curator's parameters say 'add_remove', this owner's is 'replace'"
+    ]
+    with pytest.raises(ValueError, match=r"policy\.neighbouring"):
+        _policy(neighbouring="replace-one")
+
+
+def test_a_tolerance_below_the_policy_and_a_smaller_attested_roster_are_priced_by_the_owner() -> (
+    None
+):
+    policy = _policy(min_tolerance=2)
+    reasons = _review(policy, _plan(mult=4.0), CuratorParams(p=10))
+    assert reasons[0] == (
+        "tolerance: the session tolerates T = 1 dropped or colluding owners, the policy needs "
+        "at least 2"
+    )
+    # K = 4, T = 1: each share is sigma / sqrt(2); attested K = 3 leaves one honest other
+    prices, reasons = price_rounds(_policy(), _plan(mult=4.0), SESSION, K_FEATURES, roster=3)
+    assert prices["scan"].ratio == pytest.approx(math.sqrt(1 / 2))
+    assert prices["scan"].multiplier == pytest.approx(4.0 / math.sqrt(2))
+    assert reasons == []
+    prices, reasons = price_rounds(_policy(), _plan(mult=2.0), SESSION, K_FEATURES, roster=3)
+    assert any("noise multiplier 1.414 (sigma" in r and "over 2 other owners" in r for r in reasons)
+    _, reasons = price_rounds(_policy(), _plan(), SESSION, K_FEATURES, roster=2)
+    assert reasons == [
+        "roster: 2 attested owners with T = 1 leave no other honest owner's noise (the offer "
+        "names 4)"
+    ]
+    # the offer's own roster prices exactly at the plan's floor
+    prices, _ = price_rounds(_policy(), _plan(), SESSION, K_FEATURES)
+    assert prices["normalise"].ratio == 1.0
+    assert prices["normalise"].sigma == _plan().rounds["normalise"].sigma_floor
+
+
+def test_the_guaranteed_sigma_is_the_noise_of_the_honest_shares() -> None:
+    """Noise scale: the shares of the owners an attested roster leaves honest (K' - T - 1 of
+    them, each drawn as every client draws it, discrete Gaussian on the grid) have the standard
+    deviation the owner prices and charges; a price off by a factor of two fails."""
+    plan = _plan(mult=4.0)
+    prices, _ = price_rounds(_policy(), plan, SESSION, K_FEATURES, roster=3)
+    spec = plan.spec("scan", 1)
+    rng = np.random.default_rng(7)
+    honest = 3 - SESSION.tolerance - 1
+    shares = sample_discrete_gaussian(SESSION.client_grid_sigma(spec), (honest, 200_000), rng)
+    measured = float(shares.sum(axis=0).std()) * SESSION.codec.resolution
+    assert measured == pytest.approx(prices["scan"].sigma, rel=0.02)
+    for wrong in (2 * prices["scan"].sigma, prices["scan"].sigma / 2):  # a scale off by two
+        assert measured != pytest.approx(wrong, rel=0.2)
+    assert measured < spec.sigma_std * 0.8  # the declared sigma is not what a short roster has
+
+
+def test_a_coarse_grid_is_declined() -> None:
+    coarse = dataclasses.replace(SESSION, frac_bits=2)
+    _, reasons = price_rounds(_policy(), _plan(), coarse, K_FEATURES)
+    assert any("frac_bits = 2 rounds by up to" in r for r in reasons)
 
 
 def test_a_policy_refuses_nonsense_by_key() -> None:
@@ -139,22 +271,31 @@ def test_a_policy_refuses_nonsense_by_key() -> None:
         _policy(epsilon=0.0)
     with pytest.raises(ValueError, match=r"policy\.max_points"):
         _policy(max_points=-1)
+    with pytest.raises(ValueError, match=r"policy\.min_tolerance"):
+        _policy(min_tolerance=-1)
 
 
-def test_the_planned_purchase_counts_every_round_at_its_floor_and_the_summary_plan() -> None:
+def test_the_planned_purchase_counts_every_round_at_the_owners_price_and_the_summary_plan() -> None:
     params = CuratorParams(p=10, auction_variant="pure", eps_auction=0.01)
-    events = planned_purchase(_plan(sigma=4.0, sens=2.0, rounds=2), params)
+    plan = _plan(mult=4.0, rounds=2)
+    prices, _ = price_rounds(_policy(rounds={"normalise": 2, "scan": 1}), plan, SESSION, 3)
+    events = planned_purchase(prices, plan, params)
     ledger = PrivacyLedger("owner", events)
     expected = PrivacyLedger("owner")
-    expected.gaussian(4.0, 2.0, count=2, label="normalise", neighbouring=RELATION)
-    expected.gaussian(4.0, 2.0, count=1, label="scan", neighbouring=RELATION)
+    expected.gaussian(4.0 * MOMENTS_SENS, MOMENTS_SENS, count=2, label="normalise",
+                      neighbouring=RELATION)  # fmt: skip
+    expected.gaussian(4.0 * SKETCH_SENS, SKETCH_SENS, count=1, label="scan", neighbouring=RELATION)
     for e in planned_owner_ledger(params).events:
         expected.record(e)
     assert ledger.epsilon(1e-5) == pytest.approx(expected.epsilon(1e-5))
     assert sum(e.count for e in events if e.label == "normalise") == 2
     # a wider plan costs more: the review's cap check sees it
-    wider = PrivacyLedger("owner", planned_purchase(_plan(sigma=2.0, sens=2.0, rounds=2), params))
-    assert wider.epsilon(1e-5) > ledger.epsilon(1e-5)
+    wide = _plan(mult=2.0, rounds=2)
+    wider = planned_purchase(price_rounds(_policy(), wide, SESSION, 3)[0], wide, params)
+    assert PrivacyLedger("owner", wider).epsilon(1e-5) > ledger.epsilon(1e-5)
+    # a short attested roster charges more than the plan's floor says
+    short = planned_purchase(price_rounds(_policy(), plan, SESSION, 3, roster=3)[0], plan, params)
+    assert PrivacyLedger("owner", short).epsilon(1e-5) > ledger.epsilon(1e-5)
 
 
 def test_records_skip_derived_fields() -> None:

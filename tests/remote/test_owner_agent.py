@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from dpmarket.actors.parties.transport import LoopbackTransport
 from dpmarket.actors.randomness import NoiseSource
@@ -22,13 +23,15 @@ from dpmarket.actors.remote.owneragent import OwnerAgent
 from dpmarket.protocol.agents.policy import OwnerPolicy
 from dpmarket.protocol.agents.records import record
 from dpmarket.protocol.privacy.ledger import record_relation
-from dpmarket.protocol.securesum.client import NodeKeyMismatch
+from dpmarket.protocol.securesum.client import Client, NodeKeyMismatch
+from dpmarket.protocol.securesum.node import ComputeNode
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.summary.curator import CuratorParams
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.summary.snr import moments_sensitivity, sketch_sensitivity
+from dpmarket.protocol.wire.codec import decode
 from tests.small import small_curator, small_params, small_scenario
 
 NAME, MARKET, K = "owner-1", "adversary", 4
@@ -37,22 +40,47 @@ RELATION = record_relation("replace")
 SKETCH = {"family": "l2", "rows": 4, "width": 16, "seed": 0, "bandwidth": 1.0}
 
 
-def _session() -> tuple[DcaConfig, SecureSumPlan, dict[str, bytes], dict[str, str]]:
+PRIVATE: dict[str, X25519PrivateKey] = {}  # the honest nodes' keys (the test plays them)
+
+
+def _session(
+    tolerance: int = 1, relation: str = "replace", lie: float = 1.0
+) -> tuple[DcaConfig, SecureSumPlan, dict[str, bytes], dict[str, str]]:
+    """A market's session: the plan declares each sensitivity divided by ``lie`` (sigma
+    calibrated to what it declares), under ``relation``, with T = ``tolerance``."""
     config = DcaConfig(
-        f"{MARKET}-dca", tuple(f"owner-{i + 1}" for i in range(4)), NODES, tolerance=1,
+        f"{MARKET}-dca", tuple(f"owner-{i + 1}" for i in range(4)), NODES, tolerance=tolerance,
         bound=1e6, frac_bits=24,
     )  # fmt: skip
-    moments = moments_sensitivity(K, 3.0, neighbouring="replace")
+    moments = moments_sensitivity(K, 3.0, neighbouring=relation) / lie
+    sketch = sketch_sensitivity(4, neighbouring=relation) / lie
     planned = {
         "normalise": ("moments", 2 * K + 1, 0.5, moments, 1, {"bound": 3.0}),
-        "scan": ("sketch", 64, 0.5, sketch_sensitivity(4, neighbouring="replace"), 1, SKETCH),
+        "scan": ("sketch", 64, 0.5, sketch, 1, SKETCH),
     }  # fmt: skip
-    plan = SecureSumPlan.calibrated(config, 1e-5, planned, neighbouring=RELATION)
+    plan = SecureSumPlan.calibrated(config, 1e-5, planned, neighbouring=record_relation(relation))
     keys, pins = {}, {}
     for node in NODES:
-        _, public = generate_keypair()
+        private = PRIVATE.setdefault(node, X25519PrivateKey.generate())
+        public = private.public_key().public_bytes_raw()
         keys[node], pins[node] = public, key_fingerprint(public)
     return config, plan, keys, pins
+
+
+def _attestations(
+    config: DcaConfig,
+    keys: dict[str, bytes],
+    frames: list[bytes],
+    others: int = 3,
+    checked: bool = True,
+) -> dict[str, Any]:
+    """The honest compute nodes' roster attestations to owner-1, after its registration
+    ``frames`` and those of ``others`` more owners reached them."""
+    nodes = {n: ComputeNode(config, n, PRIVATE[n]) for n in NODES}
+    clients = [Client(config, f"client:{o}", keys, (o,)) for o in config.clients[1 : 1 + others]]
+    for msg in [*(decode(f) for f in frames), *(m for c in clients for m in c.start())]:
+        nodes[msg.recipient].receive(msg)
+    return {n: node.attest(checked)[NAME] for n, node in nodes.items()}
 
 
 def _params() -> CuratorParams:
@@ -151,6 +179,11 @@ def test_an_honest_offer_is_served_and_a_second_normalise_gets_nothing(tmp_path:
         )
         frames = await agent.dispatch("dca_setup", {"config": config, "node_keys": keys})
         assert frames  # its registrations at the nodes it pinned
+        args = {"spec": _spec(plan, "normalise", 1), "what": "moments", "options": {"bound": 3.0}}
+        with pytest.raises(ValueError, match="no round before the pinned compute nodes attest"):
+            await agent.dispatch("dca_contribute", args)
+        roster = {"attestations": _attestations(config, keys, frames)}
+        assert await agent.dispatch("dca_roster", roster) == 4
         args = {"spec": _spec(plan, "normalise", 1), "what": "moments", "options": {"bound": 3.0}}
         assert await agent.dispatch("dca_contribute", args)
         charged = agent_rows(agent)
@@ -258,7 +291,8 @@ def test_a_resumed_purchase_cannot_have_a_paid_round_again(tmp_path: Path) -> No
     async def first() -> None:
         await agent.dispatch("begin", {"offer": _offer(config, plan, _params())})
         await _ingested(agent)
-        await agent.dispatch("dca_setup", {"config": config, "node_keys": keys})
+        frames = await agent.dispatch("dca_setup", {"config": config, "node_keys": keys})
+        await agent.dispatch("dca_roster", {"attestations": _attestations(config, keys, frames)})
         assert await agent.dispatch("dca_contribute", args)
 
     asyncio.run(first())
@@ -267,7 +301,8 @@ def test_a_resumed_purchase_cannot_have_a_paid_round_again(tmp_path: Path) -> No
     async def second() -> None:
         await again.dispatch("begin", {"offer": _offer(config, plan, _params())})
         await _ingested(again)
-        await again.dispatch("dca_setup", {"config": config, "node_keys": keys})
+        frames = await again.dispatch("dca_setup", {"config": config, "node_keys": keys})
+        await again.dispatch("dca_roster", {"attestations": _attestations(config, keys, frames)})
         with pytest.raises(ValueError, match="all used"):
             await again.dispatch("dca_contribute", args | {"spec": _spec(plan, "normalise", 2)})
         scan = {"spec": _spec(plan, "scan", 3), "what": "sketch", "options": dict(SKETCH)}
