@@ -14,7 +14,8 @@ Noise multipliers are ``sigma / L2 sensitivity`` of a Gaussian release under the
 neighbouring relation: ``normalise``, ``scan`` and ``refresh`` (secure-sum rounds, the plan's
 ``sigma_floor / sensitivity``), ``profile`` (allocate-select's profile, ``allocation_sigma``)
 and ``summary`` (Gaussian or tree summary releases, ``summary_sigma``). The purchase's whole
-planned charge (:func:`planned_purchase`: every planned round at its floor and count, and the
+planned charge (:func:`planned_purchase`: every planned round at the owner's own price and
+count, and the
 summary phase's planned events) must also fit the owner's persistent cap, which its store's
 filter decides (actors/budgets/gate.py).
 
