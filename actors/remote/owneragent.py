@@ -11,8 +11,8 @@ offer (``begin``: the secure-sum session and round plan, the curator's public pa
 schema, the ledger run). The owner prices every round itself (protocol/agents/policy.py
 ``price_rounds``: its own sensitivity of what it sends, its own relation, the least T it
 accepts) and reviews the offer against its own policy and its store's cap; any excess
-declines the whole purchase: every later call of it is answered ``declined``, no frame leaves, nothing is charged, and the market
-counts the owner as lost (T). An accepted offer is held to: the secure-sum client takes the
+declines the whole purchase: every later call of it is answered ``declined``, no frame
+leaves, nothing is charged, and the market counts the owner as lost (T). An accepted offer is held to: the secure-sum client takes the
 node pins from the owner's configuration (a relayed key that does not match is refused), the
 plan it accepted bounds every round (count, sigma floor, clipping), no round is served before
 every pinned node has attested the roster (``dca_roster``: the offer is priced again at the
