@@ -10,16 +10,16 @@ What it trusts from the market: nothing it has not checked. A purchase begins wi
 offer (``begin``: the secure-sum session and round plan, the curator's public parameters, the
 schema, the ledger run). The owner prices every round itself (protocol/agents/policy.py
 ``price_rounds``: its own sensitivity of what it sends, its own relation, the least T it
-accepts) and reviews the offer against its own policy and its store's cap; any excess
-declines the whole purchase: every later call of it is answered ``declined``, no frame
-leaves, nothing is charged, and the market counts the owner as lost (T). An accepted offer is held to: the secure-sum client takes the
-node pins from the owner's configuration (a relayed key that does not match is refused), the
-plan it accepted bounds every round (count, sigma floor, clipping), no round is served before
-every pinned node has attested the roster (``dca_roster``: the offer is priced again at the
-attested roster, and declined if it no longer fits), the gate charges the owner's own price of
-each round (never the spec's declared sensitivity), the Owner party refuses a
-profile below its floor and any point past ``max_points``, and the gate charges the owner's own
-store before any frame leaves. Noise comes from the OS (``[simulation]`` alone makes it
+accepts) and reviews the offer against its own policy and its store's cap; any excess declines
+the whole purchase: every later call of it is answered ``declined``, no frame leaves, nothing is
+charged, and the market counts the owner as lost (T). An accepted offer is held to: the
+secure-sum client takes the node pins from the owner's configuration (a relayed key that does
+not match is refused), the plan it accepted bounds every round (count, sigma floor, clipping),
+no round is served before every pinned node has attested the roster (``dca_roster``: the offer
+is priced again at the attested roster, and declined if it no longer fits), the gate charges the
+owner's own price of each round (never the spec's declared sensitivity), the Owner party refuses
+a profile below its floor and any point past ``max_points``, and the gate charges the owner's
+own store before any frame leaves. Noise comes from the OS (``[simulation]`` alone makes it
 reproducible).
 
 Purchases and resumes: a purchase is known by the ledger run its offer names. An offer without
