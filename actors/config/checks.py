@@ -324,8 +324,8 @@ def selected_mechanism(summary: object) -> str:
     5. else (no ``[summary]``, or one without any of those): random-select at the default
        budget, the (K + 1) p points herding-select accesses unbounded (issue 30: at that
        budget a random purchase then the exact selection is as good as herding-select or
-       better in 10 of 12 held-out cells, at no owner privacy cost; benchmarks/RESULTS.md
-       "utility_vs_random", "the default").
+       better in 10 of 12 held-out cells, with no summary release (owners pay the secure sums,
+       as in every run); benchmarks/RESULTS.md "utility_vs_random", "the default").
 
     A non-boolean ``allocate`` is left to the parameter checks."""
     if not isinstance(summary, dict):

@@ -106,7 +106,7 @@ class MarketConfig:
         (``max_points`` 1.5 p unless given; the histogram's noise spends eps_owner);
         random-select (``mechanism = "random-select"``, and the default: no ``[summary]``, or
         one without a steering key) adds its plan (``max_points`` the default budget (K + 1) p
-        unless given; nothing released, protocol/summary/random_select.py).
+        unless given; no summary or validation release, protocol/summary/random_select.py).
         """
         eps_validation = self.overrides.get("eps_validation", PLAN_EPS_VALIDATION)
         if (

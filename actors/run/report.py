@@ -24,7 +24,8 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
   ``gamma`` (median heuristic on the public seed set, or the config's), the Ray address.
 - ``outcome``: ``state``, ``reason``, ``epochs``, ``exploration_epochs`` (the first epochs, in
   which every owner delivered a uniform draw and no auction ran): every owner takes part in
-  every epoch and sees them.
+  every epoch and sees them. Under random-select and allocate-select ``epochs`` is the largest
+  quota + 1, a function of every owner's record count (below, "Record counts").
 - ``privacy``: per protected party, epsilon at ``delta`` by the ledger (``pld``, ``theorem7``;
   ``"inf"`` with a ``note`` where unbounded) and ``paper`` (as the paper counts it; ``"n/a"``
   where it counts none of the party's events), the events, and for each honest owner the guarantee
@@ -32,7 +33,9 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
   events (mechanism and parameters), not from data. ``neighbouring``: the one relation every
   party's events were charged under (read from the events; null when nothing was charged),
   stated once for the run (a public setting; a report whose ledgers mix relations is refused).
-- ``parsimony``: ``summary_size`` (the q every owner received last), ``validation_size`` (m),
+- ``parsimony``: ``summary_size`` (the q every owner received last; under random-select and
+  allocate-select, which send no q, the exact selection's size: p, or the points bought if
+  fewer), ``validation_size`` (m),
   ``final_selection``, ``mechanism`` (the purchase mechanism's public name, e.g.
   "random-select", the default, or "herding-select"; null in reports written before it),
   ``max_points`` (null: unbounded; the curator never receives more distinct
@@ -106,10 +109,14 @@ adds nothing; ``moved``: now in report.private.json.
 
 - ``schema``, ``run``: yes (public configuration, m, gamma from the public seed set).
 - ``outcome``: no*. Epochs and reason follow from the DP releases and from whether any owner
-  bid (an owner with nothing left to bid, or every block retired, passes); every owner
-  receives them during the run (each epoch frame and the finish frame).
-- ``privacy``: yes (the events and their parameters, never data).
-- ``parsimony.summary_size``: no* (the q every owner received last, as ``outcome``);
+  bid (an owner with nothing left to bid, or every block retired, passes), and under
+  random-select and allocate-select from the quotas, hence the counts ("Record counts");
+  every owner receives them during the run (each epoch frame and the finish frame).
+- ``privacy``: yes (the events and their parameters, never data); how many per-epoch events
+  (auction steps, refreshes) follows ``outcome.epochs``.
+- ``parsimony.summary_size``: no* (the q every owner received last, as ``outcome``; under
+  random-select and allocate-select, p unless the whole pool held fewer records, when it
+  is the pool's size, a count);
   ``validation_size``, ``final_selection``, ``max_points``, ``allocation``: yes (config);
   ``distinct_points``, ``total_transfers``, ``rho``, ``purchased_pool``: no, moved.
 - ``faults``: ``lost``, ``dropped``, ``late_frames``, ``rejected``, ``verdicts``,
@@ -121,15 +128,36 @@ adds nothing; ``moved``: now in report.private.json.
   and who declined is participation, which every party sees (a declined owner is lost to all);
   a decline's reasons name the offer's public parameters and the owner's own policy limits.
 - ``timings``: no* (wall clock of phases every owner takes part in).
-- ``secure_phases``: yes for :data:`PUBLIC_SECURE` (DP releases); coverage reads D_v: moved.
+- ``secure_phases``: yes for :data:`PUBLIC_SECURE` (DP releases; how many refreshes ran
+  follows ``outcome.epochs``); coverage reads D_v: moved.
 - ``budgets``: without blocks yes (public parameters, the owner's own charges and declines);
   with blocks ``status``, ``cap``, ``delta``, ``curator``, ``blocks`` yes; ``spent``,
   ``run_charged``, ``over``, ``declined``, ``retired``: no (which blocks exist and retired
   depends on the count), moved.
 
-None of the public fields is a record count: an owner's data sets of different sizes (and
-numbers of blocks) with the same releases give a byte-identical report.json
-(``tests/actors/test_report.py``).
+Record counts. None of the public fields is a record count (``parsimony.summary_size`` only
+if the whole pool holds fewer than p records), and under herding-select none is
+a function of one: an owner's data sets of different sizes (and numbers of blocks) with the
+same releases give a byte-identical report.json (``tests/actors/test_report.py``,
+``tests/actors/test_report_counts.py``). The exceptions, by mechanism
+(:data:`COUNT_REVEALING_FIELDS`; the run's relation, replace one record, treats counts as
+public, so none of them is an uncharged release; docs/guide/remote.md "What other parties
+learn about an owner's record count" has the table, protocol/summary/counts.py the rule an
+owner's policy applies):
+
+- random-select and allocate-select: the quotas are drawn from, or capped by, the owners'
+  counts, and the run lasts the largest quota + 1 epochs, so ``outcome.epochs`` and what
+  follows the epochs (``privacy.parties``: the refresh rounds' charges, one every
+  ``refresh_every`` epochs; ``secure_phases.refreshes``) are functions of every count. Every
+  owner observes the epochs anyway (no*).
+- herding-select: the same fields (:data:`EPOCH_FIELDS`, with the auction steps in
+  ``privacy.parties``) only when an owner's records run out before the run ends (it passes)
+  and a ``max_points`` budget is then reached later, or with ``max_deliveries`` > 1 under
+  ``max_points`` (a repeated delivery buys no new point). Its plan sets no ``max_points`` and
+  withdraws a record after one delivery; a run out of records at every owner ends early.
+- Every mechanism: ``secure_phases.normalise.count`` and the sketches are DP releases of the
+  pool (the count with Gaussian noise ``sigma``), and ``timings`` are wall clock, which grows
+  with the records the owners read and with the epochs (a side channel, like traffic).
 
 Files: ``report.json`` and ``privacy.png`` (public); ``report.private.json``, ``summary.csv``
 (one row per summary point: owner, token, epoch, bid, gain, label, features), ``summary.npz``
@@ -155,6 +183,8 @@ from dpmarket.protocol.privacy.ledger import PrivacyLedger
 __all__ = [
     "CONSUMER_FIELDS",
     "CONSUMER_REPORT",
+    "COUNT_REVEALING_FIELDS",
+    "EPOCH_FIELDS",
     "PUBLIC_FIELDS",
     "PUBLIC_REPORT",
     "PUBLIC_SECURE",
@@ -214,6 +244,19 @@ PUBLIC_SECURE: dict[str, frozenset[str] | None] = {
     ),
 }
 PUBLIC_TIMINGS = frozenset({"start", "ingest_and_summarise", "summarise"})
+# report.json fields (top-level key.key) that follow the number of epochs: the epochs, the
+# ledgers' per-epoch events (auction steps; a refresh round every refresh_every epochs) and
+# the refresh rounds themselves
+EPOCH_FIELDS = frozenset({"outcome.epochs", "privacy.parties", "secure_phases.refreshes"})
+# By mechanism (protocol/summary/counts.py), the report.json fields that are a function of an
+# owner's record count (module docstring, "Record counts"; herding-select's exceptions there).
+# tests/actors/test_report_counts.py changes one owner's count under each mechanism and finds
+# exactly these fields changed, and the guide's table (docs/guide/remote.md) naming them.
+COUNT_REVEALING_FIELDS: dict[str, frozenset[str]] = {
+    "herding-select": frozenset(),
+    "allocate-select": EPOCH_FIELDS,
+    "random-select": EPOCH_FIELDS,
+}
 # transport keys that are fault evidence (public); the counters are the consumer's
 PUBLIC_TRANSPORT = frozenset({"refused", "expelled", "dead"})
 F64 = npt.NDArray[np.float64]

@@ -35,6 +35,10 @@ Privacy (what the ledger charges: nothing, to any party):
   the trusted curator in the clear (as in every mechanism; the budget bounds how many). The
   secure sums a market run makes before the summary (normalise, scan: actors/run/phases.py)
   are charged as in every run.
+* The counts reach every owner: every owner is sent every epoch until the largest quota is
+  delivered, so it sees 1 + max_j q_j epochs, and its own quota q_i (mean max_points n_i / N)
+  estimates the pool's size. Not a charge under replace-one, but not hidden either
+  (protocol/summary/counts.py; an owner that hides its count declines random-select).
 
 The hedge (``CuratorParams.random_share``, issue 30): allocate-select buys the share
 ``random_share`` of its budget exactly as above (:func:`hedge_split`: quotas from the counts by

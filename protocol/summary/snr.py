@@ -342,8 +342,10 @@ already holds most of what the consumer wants (benchmarks/RESULTS.md "utility_vs
 3 p random-select closes 0.55-0.99 of the gap, the hedged allocate-select leads by 0.1-0.3 only
 where the target is rare, and at the (K + 1) p points herding-select accesses unbounded
 random-select is as good as either steered mechanism within the spread in most cells), so
-random-select, which releases nothing, is recommended there: a judgement of privacy (each
-owner's whole eps_owner for the histogram) against a small gain."""
+random-select, which makes no summary release (owners still pay the secure sums every run
+makes, and every owner learns a function of the others' record counts: protocol/summary/
+counts.py), is recommended there: a judgement of privacy (each owner's whole eps_owner for the
+histogram) against a small gain."""
 
 STEER_MIN_SNR = 0.4
 """Below this SNR of g_tilde the plan recommends random-select. The histograms' discriminant
@@ -365,10 +367,10 @@ def recommend_mechanism(
     random-select when g_tilde's SNR is below :data:`STEER_MIN_SNR` (a steered purchase would
     aim with noise and spend the owners' budget for it), or when the budget reaches
     :data:`STEER_MAX_FACTOR` p (a random purchase that size already contains what the exact
-    selection needs, at no privacy cost); else allocate-select, hedged (a tight budget and a
-    release with signal: its histograms find the owners that hold a rare target, and its random
-    share keeps it level with random-select where the target is common). MWEM's g_tilde has no
-    simple SNR: judged by the budget alone.
+    selection needs, with no summary release: owners pay only the secure sums); else
+    allocate-select, hedged (a tight budget and a release with signal: its histograms find the
+    owners that hold a rare target, and its random share keeps it level with random-select
+    where the target is common). MWEM's g_tilde has no simple SNR: judged by the budget alone.
     """
     budget = params.max_points if params.max_points is not None else (owners + 1) * params.p
     factor = budget / params.p
@@ -376,13 +378,15 @@ def recommend_mechanism(
     if snr is not None and snr < STEER_MIN_SNR:
         return "random-select", (
             f"g_tilde's SNR is {snr:.2f} < {STEER_MIN_SNR:g} (too few validation points for its "
-            "noise): a steered purchase aims with noise; random-select releases nothing"
+            "noise): a steered purchase aims with noise; random-select makes no summary "
+            "release (owners still pay the normalise and scan secure sums, when they run)"
         )
     if factor >= STEER_MAX_FACTOR:
         return "random-select", (
             f"a budget of {budget} points = {factor:.1f} p >= {STEER_MAX_FACTOR:g} p: a random "
             "purchase that large holds nearly what steering finds (within 0.1-0.3 of the gap "
-            "where the consumer's target is rare, level elsewhere), at no privacy cost"
+            "where the consumer's target is rare, level elsewhere), with no summary release "
+            "(owners still pay the normalise and scan secure sums, when they run)"
         )
     why = f"g_tilde's SNR is {snr:.2f}" if snr is not None else "(MWEM g_tilde: SNR not computed)"
     return "allocate-select", (
