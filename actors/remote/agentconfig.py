@@ -37,6 +37,7 @@ Relative paths are taken from the file's folder. An owner::
     neighbouring = "replace"         # its relation ("replace": counts public; "add_remove")
     min_tolerance = 1                # the fewest dropped-or-colluding owners T must cover
     attested_roster = true           # K only from its pinned nodes' attestations
+    hide_count = false               # true: decline mechanisms that show others its count
 
     [simulation]                     # tests only: noise from a public seed is not private
     reproducible_noise = true
@@ -71,7 +72,7 @@ SECTIONS_OWNER: dict[str, set[str] | None] = {
     "data": {"files", "header", "features", "label_column", "lower", "upper", "policy"},
     "nodes": None,  # node names or "pins"
     "policy": {"epsilon", "delta", "max_points", "purchases", "block_records", "rounds"}
-    | {"min_noise", "neighbouring", "min_tolerance", "attested_roster"},
+    | {"min_noise", "neighbouring", "min_tolerance", "attested_roster", "hide_count"},
     "simulation": {"reproducible_noise", "noise_seed"},
 }
 SECTIONS_NODE: dict[str, set[str] | None] = {
@@ -211,6 +212,7 @@ def _policy(path: str, table: dict[str, Any]) -> tuple[OwnerPolicy, int]:
             neighbouring=table.get("neighbouring", "replace"),
             min_tolerance=table.get("min_tolerance", 0),
             attested_roster=table.get("attested_roster", True),
+            hide_count=table.get("hide_count", False),
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: [policy]: {exc}") from None

@@ -50,11 +50,13 @@ from dataclasses import dataclass, field
 from dpmarket.protocol.privacy.ledger import RELATIONS, MechanismEvent, PrivacyLedger
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig
+from dpmarket.protocol.summary.counts import count_exposure
 from dpmarket.protocol.summary.params import CuratorParams
 from dpmarket.protocol.summary.snr import contribution_sensitivity, planned_owner_ledger
 
 __all__ = [
     "GRID_SHARE",
+    "HIDDEN_RECORDS",
     "NOISE_KINDS",
     "ROUND_LABELS",
     "OwnerPolicy",
@@ -63,6 +65,12 @@ __all__ = [
     "price_rounds",
     "review",
 ]
+
+HIDDEN_RECORDS = 2**62
+"""The record count ``hide_count`` decides with: never the owner's own, so the decline depends on
+public parameters only. An owner whose records can run out under herding-select (protocol/
+summary/counts.py) is therefore not declined for it: whether it would be is a function of its
+count, which a decline seen by the market would reveal (docs/guide/remote.md)."""
 
 GRID_SHARE = 0.01
 """The most the fixed-point grid's rounding (one step, 2^-frac_bits, per coordinate) may add to
@@ -85,7 +93,9 @@ class OwnerPolicy:
     the secure sum must tolerate (an offer's T below it is declined); ``attested_roster``:
     the roster size is taken only from its pinned compute nodes' attestations, each of which
     must have checked the owners' signatures (False: a trial whose nodes take the market's word
-    for the owners' keys)."""
+    for the owners' keys); ``hide_count``: decline every purchase under which the other owners
+    and report.json's readers learn a function of its record count (protocol/summary/counts.py
+    ``count_exposure``), decided from the offer's public parameters alone (module docstring)."""
 
     epsilon: float
     delta: float
@@ -96,6 +106,7 @@ class OwnerPolicy:
     neighbouring: str = "replace"
     min_tolerance: int = 0
     attested_roster: bool = True
+    hide_count: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -126,6 +137,8 @@ class OwnerPolicy:
         t = self.min_tolerance
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise ValueError(f"policy.min_tolerance: expected an integer >= 0, got {t!r}")
+        if not isinstance(self.hide_count, bool):
+            raise ValueError(f"policy.hide_count: expected true or false, got {self.hide_count!r}")
         if not isinstance(self.attested_roster, bool):
             raise ValueError(
                 f"policy.attested_roster: expected true or false, got {self.attested_roster!r}"
@@ -247,6 +260,12 @@ def review(
             f"relation: the curator's parameters say {params.neighbouring!r}, this owner's is "
             f"{policy.neighbouring!r}"
         )
+    if policy.hide_count:  # public parameters only: a decline that read the records would
+        # itself tell the market about them (HIDDEN_RECORDS: as if it never ran out)
+        owners = len(dca.clients) if dca is not None else 1
+        exposure = count_exposure(params, owners, HIDDEN_RECORDS)
+        if exposure:
+            reasons.append(f"hide_count: {exposure}")
     floor = policy.min_noise.get("profile")
     if params.allocate and floor is not None and params.allocation_sigma < floor:
         reasons.append(

@@ -256,6 +256,26 @@ def test_the_guaranteed_sigma_is_the_noise_of_the_honest_shares() -> None:
     assert measured < spec.sigma_std * 0.8  # the declared sigma is not what a short roster has
 
 
+def test_an_owner_hiding_its_count_declines_the_mechanisms_that_show_it() -> None:
+    policy = _policy(hide_count=True)
+    herding = CuratorParams(p=10, summary_release="herding", final_selection="exact")
+    assert herding.mechanism == "herding-select"
+    assert _review(policy, _plan(), herding) == []
+    random = CuratorParams(p=10, random_purchase=True, max_points=30, final_selection="exact",
+                           explore_share=0.0)  # fmt: skip
+    assert _review(_policy(), _plan(), random) == []
+    for params in (
+        random,
+        CuratorParams(p=10, allocate=True, allocation_sigma=2.0, max_points=20,
+                      final_selection="exact", max_deliveries=1),
+        CuratorParams(p=10, summary_release="herding", final_selection="exact", max_points=20,
+                      max_deliveries=3),
+        CuratorParams(p=10),  # mwem: a mechanism no market config selects, so not vouched for
+    ):  # fmt: skip
+        reasons = _review(policy, _plan(), params)
+        assert len(reasons) == 1 and reasons[0].startswith(f"hide_count: {params.mechanism}: ")
+
+
 def test_a_coarse_grid_is_declined() -> None:
     coarse = dataclasses.replace(SESSION, frac_bits=2)
     _, reasons = price_rounds(_policy(), _plan(), coarse, K_FEATURES)

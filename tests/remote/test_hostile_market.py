@@ -75,7 +75,9 @@ class Market:
 @pytest.fixture(scope="module", name="m")
 def _market(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Market]:
     built = build(tmp_path_factory.mktemp("hostile"), owners=4)
-    built.set_policy(OWNER, min_tolerance=1, rounds="{ normalise = 1, scan = 1, refresh = 0 }")
+    built.set_policy(
+        OWNER, min_tolerance=1, hide_count=True, rounds="{ normalise = 1, scan = 1, refresh = 0 }"
+    )
     pki = built.root / "pki"
     declared = {OWNER: ("owner", tls.fingerprint((pki / f"{OWNER}.crt").read_bytes()))}
     loop = asyncio.new_event_loop()
@@ -141,7 +143,10 @@ def _plan(
 
 
 def _params(**kw: Any) -> CuratorParams:
-    return CuratorParams(**({"p": 10, "auction_variant": "pure", "eps_auction": 1e-6} | kw))
+    """Herding-select's public parameters (the market's steering mechanism), changed by ``kw``."""
+    herding = {"p": 10, "auction_variant": "pure", "eps_auction": 1e-6,
+               "summary_release": "herding", "final_selection": "exact"}  # fmt: skip
+    return CuratorParams(**(herding | kw))
 
 
 def _offer(
@@ -255,6 +260,18 @@ def test_a_profile_or_summary_sigma_below_the_floor_is_declined(
     config = _session(m)
     reasons, run = _declined(m, _params(**params), config, _plan(config))
     assert reason in reasons
+    assert m.store_rows(run) == []
+
+
+def test_a_schedule_that_shows_the_owners_count_is_declined_by_an_owner_hiding_it(
+    m: Market,
+) -> None:
+    """The market offers random-select (the default), under which every owner sees the epochs
+    (the largest quota + 1) and its own quota, both functions of every owner's count."""
+    config = _session(m)
+    random = _params(random_purchase=True, max_points=30, explore_share=0.0)
+    reasons, run = _declined(m, random, config, _plan(config))
+    assert reasons.startswith("hide_count: random-select: every owner sees the epochs")
     assert m.store_rows(run) == []
 
 
