@@ -206,7 +206,7 @@ class OwnerGate:
             if price is None:
                 self.declines.append(f"{release}: not priced")
                 raise BudgetDeclined(f"{self.owner}: round {spec.label!r} was never priced")
-            sensitivity = price.sensitivity
+            sensitivity = price.charged
             sigma = spec.sigma_std if price.ratio == 1.0 else spec.sigma_std * price.ratio
         return MechanismEvent(
             "gaussian", (("sigma", sigma),), sensitivity,

@@ -30,6 +30,7 @@ import numpy.typing as npt
 
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.securesum.aggregator import Aggregator
+from dpmarket.protocol.securesum.node import owner_attestation
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundResult, RoundSpec
 from dpmarket.protocol.summary.snr import moments_sensitivity  # one formula, also pre-run
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
@@ -125,10 +126,11 @@ class DcaHub:
         for name, answer in zip(self.nodes, answers, strict=True):
             if isinstance(answer, BaseException):
                 self.errors.append(f"{name}: no roster attestation ({type(answer).__name__})")
-        calls = [
-            h.dca_roster.remote(o, {n: a[o] for n, a in per_node.items() if o in a})
-            for o, h in self.owners.items()
-        ]
+        parts = {
+            o: {n: part for n, a in per_node.items() if (part := owner_attestation(a, o))}
+            for o in self.owners
+        }
+        calls = [h.dca_roster.remote(o, parts[o]) for o, h in self.owners.items()]
         for owner, reply in zip(
             self.owners, await asyncio.gather(*calls, return_exceptions=True), strict=True
         ):

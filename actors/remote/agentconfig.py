@@ -36,6 +36,7 @@ Relative paths are taken from the file's folder. An owner::
     min_noise = { normalise = 1.0, scan = 1.0, refresh = 1.0, profile = 1.0, summary = 1.0 }
     neighbouring = "replace"         # its relation ("replace": counts public; "add_remove")
     min_tolerance = 1                # the fewest dropped-or-colluding owners T must cover
+    max_colluders = 1                # owners it assumes side with the market (1: Theorem 1)
     attested_roster = true           # K only from its pinned nodes' attestations
     hide_count = false               # true: decline mechanisms that show others its count
 
@@ -72,7 +73,8 @@ SECTIONS_OWNER: dict[str, set[str] | None] = {
     "data": {"files", "header", "features", "label_column", "lower", "upper", "policy"},
     "nodes": None,  # node names or "pins"
     "policy": {"epsilon", "delta", "max_points", "purchases", "block_records", "rounds"}
-    | {"min_noise", "neighbouring", "min_tolerance", "attested_roster", "hide_count"},
+    | {"min_noise", "neighbouring", "min_tolerance", "max_colluders", "attested_roster"}
+    | {"hide_count"},
     "simulation": {"reproducible_noise", "noise_seed"},
 }
 SECTIONS_NODE: dict[str, set[str] | None] = {
@@ -211,6 +213,7 @@ def _policy(path: str, table: dict[str, Any]) -> tuple[OwnerPolicy, int]:
             min_noise={k: float(v) for k, v in noise.items()},
             neighbouring=table.get("neighbouring", "replace"),
             min_tolerance=table.get("min_tolerance", 0),
+            max_colluders=table.get("max_colluders", 1),
             attested_roster=table.get("attested_roster", True),
             hide_count=table.get("hide_count", False),
         )

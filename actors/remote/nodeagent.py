@@ -65,21 +65,25 @@ class NodeAgent:
         self.refused: dict[str, str] = {}  # owner -> why its relayed key was refused
 
     def checked_keys(
-        self, session: str, keys: dict[str, bytes], proofs: dict[str, dict[str, bytes]]
+        self,
+        session: str,
+        roster: tuple[str, ...],
+        keys: dict[str, bytes],
+        proofs: dict[str, dict[str, bytes]],
     ) -> dict[str, bytes]:
         """The owners' keys the market relayed, each kept only with its owner's signature by a
-        certificate of ``[node].owners_ca`` (with one); an owner whose key is not proven is
-        pinned to a key nobody holds: its registration is refused, so it is absent from every
-        round (counted against T), and no key of the market's choosing is admitted in its
-        name. Without ``owners_ca`` the node takes the market's word (a trial)."""
+        certificate of ``[node].owners_ca`` (with one); a roster owner whose key is not relayed
+        or not proven is pinned to a key nobody holds: its registration is refused, so it is
+        absent from every round (counted against T), and no key of the market's choosing is
+        admitted in its name. Without ``owners_ca`` the node takes the market's word (a trial)."""
         ca = self.config.owners_ca
         if ca is None:
             return dict(keys)
         checked: dict[str, bytes] = {}
-        for owner, key in keys.items():
-            proof = proofs.get(owner)
+        for owner in roster:  # every roster name is pinned: none left for the market to fill
+            key, proof = keys.get(owner), proofs.get(owner)
             try:
-                if proof is None or proof["key"] != key:
+                if key is None or proof is None or proof["key"] != key:
                     raise ValueError(f"{owner}: no proof that the relayed key is its own")
                 verify_identity(ca, proof["certificate"], proof["signature"], session, owner, key)
                 checked[owner] = key
@@ -96,7 +100,9 @@ class NodeAgent:
             config = args["config"]
             if self.config.name not in config.nodes:
                 raise RemoteProtocolError(f"begin: {self.config.name} is not a node of the session")
-            keys = self.checked_keys(config.run, args["client_keys"], args["proofs"])
+            keys = self.checked_keys(
+                config.run, config.clients, args["client_keys"], args["proofs"]
+            )
             self.host = ComputeNodeHost(
                 config, self.config.name, self.key.private_bytes_raw(), keys, args["plan"]
             )
@@ -125,6 +131,15 @@ class NodeAgent:
 
 def serve_node(config: NodeAgentConfig, give_up: float = 600.0) -> int:
     agent = NodeAgent(config)
+    if config.owners_ca is not None and config.owners_ca.strip() == config.link.ca.strip():
+        print(
+            f"dpmarket {config.name}: WARNING: [node].owners_ca is the CA this node trusts the "
+            "market by: whoever holds it can issue an owner's certificate, so the roster this "
+            "node attests as checked is only as good as that CA's holder (a trial on one "
+            "machine; docs/guide/remote.md)",
+            file=sys.stderr,
+            flush=True,
+        )
     print(
         f"dpmarket {config.name}: key fingerprint {fingerprint_of(config)}; serving market "
         f"{config.link.market!r} at {config.link.address}",

@@ -368,23 +368,27 @@ class OwnerAgent:
             raise RuntimeError("dca_roster: the accepted purchase has no secure sum")
         dca, plan, params, k = self.offer
         policy = self.config.policy
-        answer = await host.dca_roster(self.name, attestations)
-        roster, reasons = int(answer["roster"]), []
-        if policy.attested_roster and answer["unchecked"]:
-            reasons.append(
-                f"roster: compute nodes {answer['unchecked']} did not check the owners' "
-                "signatures (the policy needs an attested roster)"
-            )
-        prices, priced = price_rounds(policy, plan, dca, k, roster)
-        reasons += priced
-        if not reasons:
-            events = planned_purchase(prices, plan, params, policy.neighbouring)
-            reasons = self._cap_reasons(events, self.ledger_run)
+        answer = await host.dca_roster(self.name, attestations)  # a bad one: nothing recorded
+        try:  # from here any failure declines: no round at a price the roster did not confirm
+            roster, reasons = int(answer["roster"]), []
+            if policy.attested_roster and answer["unchecked"]:
+                reasons.append(
+                    f"roster: compute nodes {answer['unchecked']} did not check every owner's "
+                    "signature (the policy needs an attested roster)"
+                )
+            prices, priced = price_rounds(policy, plan, dca, k, roster)
+            reasons += priced
+            if not reasons:
+                events = planned_purchase(prices, plan, params, policy.neighbouring)
+                reasons = self._cap_reasons(events, self.ledger_run)
+            if not reasons:
+                await host.price_rounds(self.name, prices)
+        except Exception as exc:
+            reasons = [f"roster: {type(exc).__name__}: {exc}"]
         if reasons:
             self.declined = "; ".join(reasons)
             _say(self.name, f"declined purchase {self.run} at the attested roster: {self.declined}")
             raise Declined(self.declined)
-        await host.price_rounds(self.name, prices)
         _say(self.name, f"roster attested by {len(dca.nodes)} node(s): {roster} owners")
         return roster
 

@@ -27,19 +27,26 @@ The owner prices every round itself (:func:`price_rounds`), never with the marke
   sensitivity, d or options is declined naming both figures;
 - **relation**: the policy's own (``neighbouring``, default replace-one); an offer under another
   relation (the plan's rounds or the curator's parameters) is declined naming both;
-- **noise**: the owner's noise share is ``sigma / sqrt(K - T - 1)`` at the offer's roster K and
-  tolerance T (protocol/privacy/dgauss.py ``client_sigma``); what it can count on is that share
-  times ``sqrt(K' - T' - 1)`` over the honest others: K' the roster its pinned compute nodes
-  attest (protocol/securesum/node.py ``ComputeNode.attest``: owners that registered with a
-  key proven by their own signature), T' the offer's T, which must be at least the policy's
-  ``min_tolerance``. That guaranteed sigma over its own sensitivity is the multiplier checked
-  against ``min_noise``, and what its ledger is charged (equal to the plan's floor when the
-  market is honest).
+- **noise**: each owner's share is ``sigma / sqrt(K - T - 1)`` at the offer's roster K and
+  tolerance T (protocol/privacy/dgauss.py ``client_sigma``, Theorem 1). A released round
+  includes at least K - T owners (an honest compute node aborts otherwise); the market picks
+  which T are absent and may have owners on its side: with at most ``max_colluders`` = C of
+  them, K - T - C shares (the owner's own included) are unknown to it, so the noise the owner
+  counts on is ``sigma sqrt((K - T - C) / (K - T - 1))``: the plan's floor at C = 1 (the
+  Theorem's one curious owner), less beyond. Every pinned compute node attests, under the pair
+  key it shares with the owner, the session's digest (so it enforces the same K and T) and the
+  owners registered with it, having checked each one's signature
+  (protocol/securesum/node.py ``ComputeNode.attest``); the owner takes part in no round before
+  that, and declines when fewer than K - T are registered (no round could be released). T
+  must be at least the policy's ``min_tolerance``. The guaranteed sigma over its own
+  sensitivity on the session's fixed-point grid is the multiplier checked against
+  ``min_noise``, and that event is what its ledger is charged.
 
-Guarantee (per owner, as long as one compute node is honest and at most T' owners drop or
-collude): each round this owner contributes to is the Gaussian mechanism with L2 sensitivity
-:func:`price_rounds`'s figure under the policy's relation, at a noise standard deviation no
-smaller than the price's sigma; the owner's store is charged exactly that event per round.
+Guarantee (per owner, as long as one compute node is honest and at most T owners are absent
+and C collude): each round this owner contributes to is the Gaussian mechanism with L2
+sensitivity :func:`price_rounds`'s ``charged`` under the policy's relation, at a noise
+standard deviation no smaller than the price's sigma; the owner's store is charged exactly
+that event per round.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import math
 from dataclasses import dataclass, field
 
 from dpmarket.protocol.privacy.ledger import RELATIONS, MechanismEvent, PrivacyLedger
+from dpmarket.protocol.securesum.fixedpoint import grid_sensitivity
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig
 from dpmarket.protocol.summary.counts import count_exposure
@@ -55,7 +63,6 @@ from dpmarket.protocol.summary.params import CuratorParams
 from dpmarket.protocol.summary.snr import contribution_sensitivity, planned_owner_ledger
 
 __all__ = [
-    "GRID_SHARE",
     "HIDDEN_RECORDS",
     "NOISE_KINDS",
     "ROUND_LABELS",
@@ -72,11 +79,6 @@ public parameters only. An owner whose records can run out under herding-select 
 summary/counts.py) is therefore not declined for it: whether it would be is a function of its
 count, which a decline seen by the market would reveal (docs/guide/remote.md)."""
 
-GRID_SHARE = 0.01
-"""The most the fixed-point grid's rounding (one step, 2^-frac_bits, per coordinate) may add to
-a round's L2 sensitivity, as a share of it: a coarser grid the offer sets is declined, since the
-owner charges its own sensitivity without the grid's step."""
-
 ROUND_LABELS = ("normalise", "scan", "refresh")
 NOISE_KINDS = (*ROUND_LABELS, "profile", "summary")
 
@@ -90,10 +92,12 @@ class OwnerPolicy:
     (a label not listed: none); ``min_noise``: the smallest noise multiplier per kind;
     ``neighbouring``: the relation its guarantee is stated in ("replace": one record replaced,
     counts public; "add_remove"); ``min_tolerance``: the fewest dropped-or-colluding owners
-    the secure sum must tolerate (an offer's T below it is declined); ``attested_roster``:
-    the roster size is taken only from its pinned compute nodes' attestations, each of which
-    must have checked the owners' signatures (False: a trial whose nodes take the market's word
-    for the owners' keys); ``hide_count``: decline every purchase under which the other owners
+    the secure sum must tolerate (an offer's T below it is declined); ``max_colluders``: the
+    most owners it assumes take the market's side beyond the T absent ones (1: DCA Theorem 1's
+    one curious owner; the price is then the plan's floor); ``attested_roster``: no round before
+    every pinned compute node has attested the roster, having checked every owner's signature
+    (False: a trial whose nodes take the market's word for the owners' keys; the roster is then
+    the market's word too); ``hide_count``: decline every purchase under which the other owners
     and report.json's readers learn a function of its record count (protocol/summary/counts.py
     ``count_exposure``), decided from the offer's public parameters alone (module docstring)."""
 
@@ -105,6 +109,7 @@ class OwnerPolicy:
     min_noise: dict[str, float] = field(default_factory=dict)
     neighbouring: str = "replace"
     min_tolerance: int = 0
+    max_colluders: int = 1
     attested_roster: bool = True
     hide_count: bool = False
 
@@ -134,9 +139,10 @@ class OwnerPolicy:
                 f"policy.neighbouring: expected one of {sorted(RELATIONS)}, "
                 f"got {self.neighbouring!r}"
             )
-        t = self.min_tolerance
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ValueError(f"policy.min_tolerance: expected an integer >= 0, got {t!r}")
+        for key in ("min_tolerance", "max_colluders"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"policy.{key}: expected an integer >= 0, got {value!r}")
         if not isinstance(self.hide_count, bool):
             raise ValueError(f"policy.hide_count: expected true or false, got {self.hide_count!r}")
         if not isinstance(self.attested_roster, bool):
@@ -148,18 +154,22 @@ class OwnerPolicy:
 @dataclass(frozen=True)
 class RoundPrice:
     """One planned secure-sum round as the owner prices it: its own L2 ``sensitivity`` of what
-    it sends, the noise ``sigma`` its share guarantees at the plan's floor, and ``ratio``, that
-    sigma over the plan's (1.0 exactly when the offer's roster and T are what the owner counts
-    on); a round opened above the floor guarantees ``spec.sigma_std * ratio``."""
+    it sends, ``charged``, that sensitivity on the session's fixed-point grid (one step per
+    coordinate added, protocol/securesum/fixedpoint.py ``grid_sensitivity``: what the release
+    really has, and what the owner's store is charged), the noise ``sigma`` its share guarantees
+    at the plan's floor, and ``ratio``, that sigma over the plan's (1.0 exactly at the
+    Theorem's one curious owner); a round opened above the floor guarantees
+    ``spec.sigma_std * ratio``."""
 
     label: str
     sensitivity: float
+    charged: float
     sigma: float
     ratio: float
 
     @property
     def multiplier(self) -> float:
-        return self.sigma / self.sensitivity
+        return self.sigma / self.charged
 
 
 def price_rounds(
@@ -170,29 +180,39 @@ def price_rounds(
     roster: int | None = None,
 ) -> tuple[dict[str, RoundPrice], list[str]]:
     """The owner's own price of every round ``plan`` offers in session ``dca`` (module
-    docstring) over records of ``n_features`` features, with ``roster`` owners attested by its
-    pinned nodes (None: before the attestation, the offer's roster); and every reason to
-    decline (empty: the rounds are within the policy; the cap is checked separately)."""
+    docstring) over records of ``n_features`` features, and every reason to decline (empty:
+    the rounds are within the policy; the cap is checked separately). ``roster``: the owners
+    its pinned nodes attest as registered (None: not attested yet); fewer than K - T of them
+    and no round could be released, so the owner declines before paying for one.
+
+    Noise: a released round includes at least K - T owners (an honest node aborts otherwise,
+    and the session digest each node attests binds the K and T the owner priced with), each
+    adding ``sigma / sqrt(K - T - 1)``; with at most ``max_colluders`` of them on the market's
+    side, K - T - C shares (the owner's own among them) are unknown to the adversary, so the
+    noise it can count on is ``sigma sqrt((K - T - C) / (K - T - 1))``."""
     if plan is None or dca is None:
         return {}, []
     reasons: list[str] = []
     relation = RELATIONS[policy.neighbouring]
-    offered_k, offered_t = len(dca.clients), dca.tolerance
-    if offered_t < policy.min_tolerance:
+    k, t, c = len(dca.clients), dca.tolerance, policy.max_colluders
+    if t < policy.min_tolerance:
         reasons.append(
-            f"tolerance: the session tolerates T = {offered_t} dropped or colluding owners, "
+            f"tolerance: the session tolerates T = {t} dropped or colluding owners, "
             f"the policy needs at least {policy.min_tolerance}"
         )
-    k = offered_k if roster is None else roster
-    honest = k - max(offered_t, policy.min_tolerance) - 1
+    if roster is not None and roster < k - t:
+        reasons.append(
+            f"roster: the pinned compute nodes attest {roster} registered owner(s) of the {k} "
+            f"the offer names; a round needs K - T = {k - t}, so none could be released"
+        )
+    honest = k - t - c
     if honest < 1:
         reasons.append(
-            f"roster: {k} attested owners with T = {max(offered_t, policy.min_tolerance)} "
-            f"leave no other honest owner's noise (the offer names {offered_k})"
+            f"roster: K = {k} owners, T = {t} absent and {c} colluding (max_colluders) leave "
+            f"no share of noise the market does not know"
         )
         return {}, reasons
-    same = k == offered_k and offered_t >= policy.min_tolerance
-    ratio = 1.0 if same else math.sqrt(honest / (offered_k - offered_t - 1))
+    ratio = 1.0 if c == 1 else math.sqrt(honest / (k - t - 1))
     prices: dict[str, RoundPrice] = {}
     for label, planned in sorted(plan.rounds.items()):
         admitted = policy.rounds.get(label, 0)
@@ -222,20 +242,16 @@ def price_rounds(
                 f"{own:.6g}"
             )
             continue
-        step = math.sqrt(planned.d) * math.ldexp(1.0, -dca.frac_bits)
-        if step > GRID_SHARE * own:
-            reasons.append(
-                f"secure sum {label!r}: frac_bits = {dca.frac_bits} rounds by up to {step:.3g} "
-                f"in L2, over {GRID_SHARE:g} of the sensitivity {own:.4g}"
-            )
-        price = RoundPrice(label, own, planned.sigma_floor * ratio, ratio)
+        charged = grid_sensitivity(own, planned.d, dca.frac_bits)
+        price = RoundPrice(label, own, charged, planned.sigma_floor * ratio, ratio)
         prices[label] = price
         floor = policy.min_noise.get(label)
         if floor is not None and price.multiplier < floor:
             reasons.append(
                 f"secure sum {label!r}: noise multiplier {price.multiplier:.4g} (sigma "
-                f"{price.sigma:.4g} over {k - 1} other owners, T = {offered_t}, at "
-                f"sensitivity {own:.4g}) is below the policy's {floor:g}"
+                f"{price.sigma:.4g} from {honest} unknown share(s): K = {k}, T = {t}, "
+                f"{c} colluding; sensitivity {charged:.4g} on the grid) is below the "
+                f"policy's {floor:g}"
             )
     return prices, reasons
 
@@ -295,7 +311,7 @@ def planned_purchase(
         price = prices[label]
         ledger.gaussian(
             price.sigma,
-            price.sensitivity,
+            price.charged,
             count=planned.max_rounds,
             label=label,
             neighbouring=RELATIONS[neighbouring],

@@ -76,7 +76,18 @@ from dpmarket.protocol.wire.codec import Message
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.protocol.wire.parties import Handler, Outbox, body_of, dispatch
 
-__all__ = ["ComputeNode"]
+__all__ = ["ComputeNode", "owner_attestation"]
+
+
+def owner_attestation(attestation: dict[str, Any], client: str) -> dict[str, Any] | None:
+    """``client``'s part of a node's :meth:`ComputeNode.attest` (what the relay hands it: the
+    list, the flag and its own tag), None if the node holds no tag for it."""
+    tags = attestation.get("tags")
+    if not isinstance(tags, dict) or client not in tags:
+        return None
+    return {"checked": attestation.get("checked"), "admitted": attestation.get("admitted"),
+            "tag": tags[client]}  # fmt: skip
+
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
@@ -207,21 +218,24 @@ class ComputeNode:
         self._pairs.update(derived)
         return []
 
-    def attest(self, checked: bool) -> dict[str, dict[str, Any]]:
-        """This node's roster attestation to each registered client: the clients registered
-        with it (each proved it holds the key pinned here), whether those keys were pinned only
-        with their owners' signatures (``checked``: the host's word, actors/remote/nodeagent.py),
-        and a tag under the pair key (:func:`roster_info`), which only this node (whose key the
-        client pinned) and that client can compute. A relay can withhold it but not forge or
-        alter it."""
+    def attest(self, checked: bool) -> dict[str, Any]:
+        """This node's roster attestation: the clients registered with it (each proved it
+        holds the key pinned here), whether each of their keys was pinned only with its owner's
+        signature (``checked``: the host's word, actors/remote/nodeagent.py; never true for a
+        registered client whose key was not pinned at all), and per registered client a tag
+        under their pair key (:func:`roster_info`), which only this node (whose key the client
+        pinned) and that client can compute. A relay can withhold a tag but not forge or alter
+        one; :func:`owner_attestation` is one client's part."""
         admitted = tuple(self.config.clients[i] for i in sorted(self._pairs))
-        session, out = self.config.session_digest, {}
-        for i in sorted(self._pairs):
-            client = self.config.clients[i]
-            info = roster_info(session, self.name, client, checked, admitted)
-            out[client] = {"checked": checked, "admitted": list(admitted),
-                           "tag": self._pairs[i].mac(info)}  # fmt: skip
-        return out
+        checked = checked and all(c in self._client_keys for c in admitted)
+        session = self.config.session_digest
+        tags = {
+            self.config.clients[i]: self._pairs[i].mac(
+                roster_info(session, self.name, self.config.clients[i], checked, admitted)
+            )
+            for i in sorted(self._pairs)
+        }
+        return {"checked": checked, "admitted": list(admitted), "tags": tags}
 
     def _bound_pair(self, client: str, raw: bytes, proof: bytes) -> PairKey:
         """The pair key of ``client``'s registration, checked against the pinned key and the

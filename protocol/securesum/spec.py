@@ -93,6 +93,7 @@ __all__ = [
     "DcaConfig",
     "RoundResult",
     "RoundSpec",
+    "admitted_digest",
     "frame_aad",
     "pair_salt",
     "register_info",
@@ -139,11 +140,18 @@ def roster_info(
 ) -> bytes:
     """What a node's roster attestation to ``client`` authenticates (an HMAC under their pair
     key, :meth:`~dpmarket.protocol.securesum.node.ComputeNode.attest`): the session
-    (:attr:`DcaConfig.session_digest`), both names, whether the node checked the owners'
-    signatures before pinning their keys, and the clients registered with it."""
+    (:attr:`DcaConfig.session_digest`), both names, whether the node had every registered
+    owner's key proven by that owner's signature, and the SHA-256 of the clients registered
+    with it (:func:`admitted_digest`)."""
     return length_prefixed(
-        _DOMAIN + "/roster", session, node, client, int(checked), length_prefixed(*admitted)
+        _DOMAIN + "/roster", session, node, client, int(checked), admitted_digest(admitted)
     )
+
+
+@functools.lru_cache(maxsize=64)
+def admitted_digest(admitted: tuple[str, ...]) -> bytes:
+    """SHA-256 of a list of client names (one per attestation, so K tags cost K hashes)."""
+    return hashlib.sha256(length_prefixed(*admitted)).digest()
 
 
 def pair_salt(run: str, client: str, node: str, client_key: bytes, node_key: bytes) -> bytes:
@@ -311,7 +319,8 @@ class DcaConfig:
         share mode): a roster attestation binds it, so an owner and a node that sign off on
         one roster also agree on the rest."""
         parts = length_prefixed(
-            _DOMAIN + "/session", self.run, self.aggregator, self.tolerance, self.bound.hex(),
+            _DOMAIN + "/session", self.run, self.aggregator, self.tolerance,
+            float(self.bound).hex(),
             self.frac_bits, self.prg, self.shares, length_prefixed(*self.colluders),
             self.roster_digest,
         )  # fmt: skip

@@ -112,8 +112,9 @@ async def _refresh_in_flight(
     owners = {o: _Owner(gate, asked) for o in OWNERS}
     hub = DcaHub(config, {n: _Node(config, n) for n in NODES}, owners, PrivacyLedger("dca"))
     await hub.setup()
-    # set-up hands every owner each node's roster attestation, which its client verifies
-    assert all(o.roster == {n: (True, OWNERS) for n in NODES} for o in owners.values())
+    # set-up hands every owner each node's roster attestation, which its client verifies (these
+    # nodes pin no owner's key, so they attest the roster as not checked)
+    assert all(o.roster == {n: (False, OWNERS) for n in NODES} for o in owners.values())
     assert hub.errors == []
     scan = RoundResult(2, "failed", "", None, None, (), OWNERS, 1.0, 1.0)
     release = SimpleNamespace(estimated_size=lambda: 3.0, statement=SimpleNamespace(releases=1))

@@ -15,6 +15,7 @@ from dpmarket.protocol.agents.policy import OwnerPolicy, planned_purchase, price
 from dpmarket.protocol.agents.records import from_record, pack, record, unpack
 from dpmarket.protocol.privacy.dgauss import sample_discrete_gaussian
 from dpmarket.protocol.privacy.ledger import PrivacyLedger, record_relation
+from dpmarket.protocol.securesum.fixedpoint import grid_sensitivity
 from dpmarket.protocol.securesum.plan import PlannedRound, SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.summary.params import CuratorParams
@@ -212,48 +213,51 @@ def test_the_relation_is_the_owners_own() -> None:
         _policy(neighbouring="replace-one")
 
 
-def test_a_tolerance_below_the_policy_and_a_smaller_attested_roster_are_priced_by_the_owner() -> (
-    None
-):
-    policy = _policy(min_tolerance=2)
-    reasons = _review(policy, _plan(mult=4.0), CuratorParams(p=10))
+def test_t_colluders_and_the_attested_roster_are_priced_by_the_owner() -> None:
+    reasons = _review(_policy(min_tolerance=2), _plan(mult=4.0), CuratorParams(p=10))
     assert reasons[0] == (
         "tolerance: the session tolerates T = 1 dropped or colluding owners, the policy needs "
         "at least 2"
     )
-    # K = 4, T = 1: each share is sigma / sqrt(2); attested K = 3 leaves one honest other
-    prices, reasons = price_rounds(_policy(), _plan(mult=4.0), SESSION, K_FEATURES, roster=3)
+    # K = 4, T = 1: each share is sigma / sqrt(2). With 2 owners on the market's side, one
+    # share of the K - T = 3 released is unknown to it: sigma / sqrt(2)
+    two = _policy(max_colluders=2)
+    prices, reasons = price_rounds(two, _plan(mult=4.0), SESSION, K_FEATURES)
     assert prices["scan"].ratio == pytest.approx(math.sqrt(1 / 2))
-    assert prices["scan"].multiplier == pytest.approx(4.0 / math.sqrt(2))
+    assert prices["scan"].sigma == pytest.approx(4.0 * SKETCH_SENS / math.sqrt(2))
     assert reasons == []
-    prices, reasons = price_rounds(_policy(), _plan(mult=2.0), SESSION, K_FEATURES, roster=3)
-    assert any("noise multiplier 1.414 (sigma" in r and "over 2 other owners" in r for r in reasons)
+    _, reasons = price_rounds(two, _plan(mult=2.0), SESSION, K_FEATURES)
+    assert any("noise multiplier 1.414 (sigma" in r and "from 1 unknown share(s)" in r
+               for r in reasons)  # fmt: skip
+    _, reasons = price_rounds(_policy(max_colluders=3), _plan(), SESSION, K_FEATURES)
+    assert reasons[-1].startswith("roster: K = 4 owners, T = 1 absent and 3 colluding")
+    # the nodes attest fewer registered owners than a round needs (K - T = 3): declined
     _, reasons = price_rounds(_policy(), _plan(), SESSION, K_FEATURES, roster=2)
     assert reasons == [
-        "roster: 2 attested owners with T = 1 leave no other honest owner's noise (the offer "
-        "names 4)"
+        "roster: the pinned compute nodes attest 2 registered owner(s) of the 4 the offer "
+        "names; a round needs K - T = 3, so none could be released"
     ]
-    # the offer's own roster prices exactly at the plan's floor
-    prices, _ = price_rounds(_policy(), _plan(), SESSION, K_FEATURES)
+    # the Theorem's one curious owner: exactly the plan's floor
+    prices, _ = price_rounds(_policy(), _plan(), SESSION, K_FEATURES, roster=4)
     assert prices["normalise"].ratio == 1.0
     assert prices["normalise"].sigma == _plan().rounds["normalise"].sigma_floor
 
 
-def test_the_guaranteed_sigma_is_the_noise_of_the_honest_shares() -> None:
-    """Noise scale: the shares of the owners an attested roster leaves honest (K' - T - 1 of
-    them, each drawn as every client draws it, discrete Gaussian on the grid) have the standard
-    deviation the owner prices and charges; a price off by a factor of two fails."""
+def test_the_guaranteed_sigma_is_the_noise_the_market_does_not_know() -> None:
+    """Noise scale: with T absent and C colluding owners, the K - T - C shares the market does
+    not know (each drawn as every client draws it, discrete Gaussian on the grid) have the
+    standard deviation the owner prices and charges; a price off by a factor of two fails."""
     plan = _plan(mult=4.0)
-    prices, _ = price_rounds(_policy(), plan, SESSION, K_FEATURES, roster=3)
+    prices, _ = price_rounds(_policy(max_colluders=2), plan, SESSION, K_FEATURES)
     spec = plan.spec("scan", 1)
     rng = np.random.default_rng(7)
-    honest = 3 - SESSION.tolerance - 1
-    shares = sample_discrete_gaussian(SESSION.client_grid_sigma(spec), (honest, 200_000), rng)
+    unknown = len(SESSION.clients) - SESSION.tolerance - 2
+    shares = sample_discrete_gaussian(SESSION.client_grid_sigma(spec), (unknown, 200_000), rng)
     measured = float(shares.sum(axis=0).std()) * SESSION.codec.resolution
     assert measured == pytest.approx(prices["scan"].sigma, rel=0.02)
     for wrong in (2 * prices["scan"].sigma, prices["scan"].sigma / 2):  # a scale off by two
         assert measured != pytest.approx(wrong, rel=0.2)
-    assert measured < spec.sigma_std * 0.8  # the declared sigma is not what a short roster has
+    assert measured < spec.sigma_std * 0.8  # the declared sigma is not what the market leaves
 
 
 def test_an_owner_hiding_its_count_declines_the_mechanisms_that_show_it() -> None:
@@ -276,10 +280,11 @@ def test_an_owner_hiding_its_count_declines_the_mechanisms_that_show_it() -> Non
         assert len(reasons) == 1 and reasons[0].startswith(f"hide_count: {params.mechanism}: ")
 
 
-def test_a_coarse_grid_is_declined() -> None:
+def test_a_coarse_grid_is_charged_at_its_sensitivity() -> None:
     coarse = dataclasses.replace(SESSION, frac_bits=2)
-    _, reasons = price_rounds(_policy(), _plan(), coarse, K_FEATURES)
-    assert any("frac_bits = 2 rounds by up to" in r for r in reasons)
+    prices, _ = price_rounds(_policy(), _plan(), coarse, K_FEATURES)
+    assert prices["scan"].charged == pytest.approx(SKETCH_SENS + math.sqrt(64) / 4)
+    assert prices["scan"].multiplier < 2.0 / 1.5  # the grid's rounding is in the price
 
 
 def test_a_policy_refuses_nonsense_by_key() -> None:
@@ -298,24 +303,28 @@ def test_a_policy_refuses_nonsense_by_key() -> None:
 def test_the_planned_purchase_counts_every_round_at_the_owners_price_and_the_summary_plan() -> None:
     params = CuratorParams(p=10, auction_variant="pure", eps_auction=0.01)
     plan = _plan(mult=4.0, rounds=2)
-    prices, _ = price_rounds(_policy(rounds={"normalise": 2, "scan": 1}), plan, SESSION, 3)
+    policy = _policy(rounds={"normalise": 2, "scan": 1})
+    prices, _ = price_rounds(policy, plan, SESSION, 3)
     events = planned_purchase(prices, plan, params)
     ledger = PrivacyLedger("owner", events)
     expected = PrivacyLedger("owner")
-    expected.gaussian(4.0 * MOMENTS_SENS, MOMENTS_SENS, count=2, label="normalise",
+    moments = grid_sensitivity(MOMENTS_SENS, 7, SESSION.frac_bits)  # on the grid
+    sketch = grid_sensitivity(SKETCH_SENS, 64, SESSION.frac_bits)
+    expected.gaussian(4.0 * MOMENTS_SENS, moments, count=2, label="normalise",
                       neighbouring=RELATION)  # fmt: skip
-    expected.gaussian(4.0 * SKETCH_SENS, SKETCH_SENS, count=1, label="scan", neighbouring=RELATION)
+    expected.gaussian(4.0 * SKETCH_SENS, sketch, count=1, label="scan", neighbouring=RELATION)
     for e in planned_owner_ledger(params).events:
         expected.record(e)
     assert ledger.epsilon(1e-5) == pytest.approx(expected.epsilon(1e-5))
     assert sum(e.count for e in events if e.label == "normalise") == 2
     # a wider plan costs more: the review's cap check sees it
     wide = _plan(mult=2.0, rounds=2)
-    wider = planned_purchase(price_rounds(_policy(), wide, SESSION, 3)[0], wide, params)
+    wider = planned_purchase(price_rounds(policy, wide, SESSION, 3)[0], wide, params)
     assert PrivacyLedger("owner", wider).epsilon(1e-5) > ledger.epsilon(1e-5)
-    # a short attested roster charges more than the plan's floor says
-    short = planned_purchase(price_rounds(_policy(), plan, SESSION, 3, roster=3)[0], plan, params)
-    assert PrivacyLedger("owner", short).epsilon(1e-5) > ledger.epsilon(1e-5)
+    # an owner that assumes more colluders charges more than the plan's floor says
+    two = dataclasses.replace(policy, max_colluders=2)
+    more = planned_purchase(price_rounds(two, plan, SESSION, 3)[0], plan, params)
+    assert PrivacyLedger("owner", more).epsilon(1e-5) > ledger.epsilon(1e-5)
 
 
 def test_records_skip_derived_fields() -> None:

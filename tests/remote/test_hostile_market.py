@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import threading
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
@@ -30,7 +29,8 @@ from dpmarket.actors.remote.nodeagent import node_key
 from dpmarket.protocol.agents.records import record
 from dpmarket.protocol.privacy.ledger import record_relation
 from dpmarket.protocol.securesum.client import Client
-from dpmarket.protocol.securesum.node import ComputeNode
+from dpmarket.protocol.securesum.fixedpoint import grid_sensitivity
+from dpmarket.protocol.securesum.node import ComputeNode, owner_attestation
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.summary.params import CuratorParams
@@ -171,27 +171,36 @@ def _declined(m: Market, params: CuratorParams, config: Any, plan: Any) -> tuple
     return " ".join(answer["reasons"]), ledger_run
 
 
-def _accepted(m: Market, config: DcaConfig, plan: SecureSumPlan) -> tuple[str, list[bytes]]:
-    """An offer the owner accepts, its key and its registrations (the session set up)."""
+def _accepted(m: Market, config: DcaConfig, plan: SecureSumPlan) -> tuple[str, list[bytes], bytes]:
+    """An offer the owner accepts, its registrations (the session set up) and its key."""
     offer, ledger_run = _offer(m, _params(), config, plan)
     assert m.invoke("begin", offer)["accepted"] is True
-    m.invoke("dca_identity", OWNER)
+    own = m.invoke("dca_identity", OWNER)["key"]
     publics = {n: k.public_key().public_bytes_raw() for n, k in m.nodes.items()}
     frames = m.invoke("dca_setup", OWNER, config, publics)
     assert frames, m.log()
-    return ledger_run, frames
+    return ledger_run, frames, own
 
 
 def _attest(
-    m: Market, config: DcaConfig, frames: list[bytes], others: tuple[str, ...], checked: bool = True
+    m: Market,
+    config: DcaConfig,
+    frames: list[bytes],
+    own: bytes,
+    others: tuple[str, ...],
+    checked: bool = True,
 ) -> dict[str, Any]:
-    """The honest nodes' attestations to owner-1 after its registration and ``others``'."""
+    """The honest nodes' attestations to owner-1 after its registration (its key ``own``
+    pinned, as its signature proves it) and ``others``' (theirs pinned too)."""
     publics = {n: k.public_key().public_bytes_raw() for n, k in m.nodes.items()}
-    nodes = {n: ComputeNode(config, n, k) for n, k in m.nodes.items()}
-    clients = [Client(config, f"client:{o}", publics, (o,)) for o in others]
+    identities = {o: X25519PrivateKey.generate() for o in others}
+    pinned = {o: k.public_key().public_bytes_raw() for o, k in identities.items()} | {OWNER: own}
+    nodes = {n: ComputeNode(config, n, k, pinned) for n, k in m.nodes.items()}
+    clients = [Client(config, f"client:{o}", publics, (o,), identity=[identities[o]])
+               for o in others]  # fmt: skip
     for msg in [*(decode(f) for f in frames), *(x for c in clients for x in c.start())]:
         nodes[msg.recipient].receive(msg)
-    return {n: node.attest(checked)[OWNER] for n, node in nodes.items()}
+    return {n: owner_attestation(node.attest(checked), OWNER) for n, node in nodes.items()}
 
 
 # ---------------------------------------------------------------------- lies in the offer
@@ -276,20 +285,15 @@ def test_a_schedule_that_shows_the_owners_count_is_declined_by_an_owner_hiding_i
 
 
 # ---------------------------------------------------------------------- lies after the offer
-def test_phantom_owners_in_the_roster_are_priced_at_the_attested_roster_and_declined(
-    m: Market,
-) -> None:
+def test_phantom_owners_in_the_roster_are_declined_at_the_attested_roster(m: Market) -> None:
     """The market names 12 owners (8 phantoms), so each share is sigma / sqrt(10); the nodes
-    attest the 4 that registered, whose honest others carry sigma sqrt(2 / 10) (a multiplier
-    of about 0.7 here, where the offer's roster says 1.6): below the floor of 1. Declined at
-    the roster, before any round; nothing charged."""
+    attest the 4 that registered. No round could be released (an honest node needs K - T = 11
+    of them), so the owner declines before paying for one; nothing charged."""
     config = _session(m, clients=12)
-    plan = _plan(config, eps=3.0)
-    declared = plan.rounds["scan"].sigma_floor / plan.rounds["scan"].sensitivity
-    assert declared * math.sqrt(2 / 10) < 1.0 < declared  # accepted at the offer's roster
-    ledger_run, frames = _accepted(m, config, plan)
-    attestations = _attest(m, config, frames, ("owner-2", "owner-3", "owner-4"))
-    with pytest.raises(AgentUnavailable, match=r"declined: .*noise multiplier .*over 3 other"):
+    plan = _plan(config)
+    ledger_run, frames, own = _accepted(m, config, plan)
+    attestations = _attest(m, config, frames, own, ("owner-2", "owner-3", "owner-4"))
+    with pytest.raises(AgentUnavailable, match=r"declined: roster: .* attest 4 registered owner"):
         m.invoke("dca_roster", OWNER, attestations)
     spec = plan.spec("normalise", 1)
     with pytest.raises(AgentUnavailable, match="declined"):
@@ -300,11 +304,11 @@ def test_phantom_owners_in_the_roster_are_priced_at_the_attested_roster_and_decl
 def test_no_round_without_the_nodes_attestation_and_a_forged_one_is_refused(m: Market) -> None:
     config = _session(m)
     plan = _plan(config)
-    ledger_run, frames = _accepted(m, config, plan)
+    ledger_run, frames, own = _accepted(m, config, plan)
     spec = plan.spec("normalise", 1)
     with pytest.raises(AgentUnavailable, match="no round before the pinned compute nodes attest"):
         m.invoke("dca_contribute", OWNER, spec, "moments", {"bound": BOUND})
-    attestations = _attest(m, config, frames, ("owner-2", "owner-3", "owner-4"))
+    attestations = _attest(m, config, frames, own, ("owner-2", "owner-3", "owner-4"))
     forged = {n: dict(a) for n, a in attestations.items()}
     forged["node-2"]["admitted"] = [*forged["node-2"]["admitted"], "owner-5"]  # a phantom
     with pytest.raises(AgentUnavailable, match=r"node-2 attests names outside|does not verify"):
@@ -319,9 +323,10 @@ def test_no_round_without_the_nodes_attestation_and_a_forged_one_is_refused(m: M
 
 def test_nodes_that_did_not_check_the_owners_signatures_are_declined(m: Market) -> None:
     config = _session(m)
-    ledger_run, frames = _accepted(m, config, _plan(config))
-    attestations = _attest(m, config, frames, ("owner-2", "owner-3", "owner-4"), checked=False)
-    with pytest.raises(AgentUnavailable, match="did not check the owners' signatures"):
+    ledger_run, frames, own = _accepted(m, config, _plan(config))
+    others = ("owner-2", "owner-3", "owner-4")
+    attestations = _attest(m, config, frames, own, others, checked=False)
+    with pytest.raises(AgentUnavailable, match="did not check every owner's signature"):
         m.invoke("dca_roster", OWNER, attestations)
     assert m.store_rows(ledger_run) == []
 
@@ -331,8 +336,8 @@ def test_a_call_below_the_floor_or_beyond_the_plan_gets_nothing_and_an_honest_ro
 ) -> None:
     config = _session(m)
     plan = _plan(config)
-    ledger_run, frames = _accepted(m, config, plan)
-    attestations = _attest(m, config, frames, ("owner-2", "owner-3", "owner-4"))
+    ledger_run, frames, own = _accepted(m, config, plan)
+    attestations = _attest(m, config, frames, own, ("owner-2", "owner-3", "owner-4"))
     assert m.invoke("dca_roster", OWNER, attestations) == 4
     scan = plan.spec("scan", 1)
     low = RoundSpec(1, scan.d, scan.sigma_std / 2, scan.sensitivity, "scan", scan.neighbouring)
@@ -347,5 +352,5 @@ def test_a_call_below_the_floor_or_beyond_the_plan_gets_nothing_and_an_honest_ro
     assert len(rows) == 1  # the honest round, at the owner's own price and nothing else
     (event,) = rows[0]["events"]
     own = contribution_sensitivity("moments", 2 * K + 1, moments, K, neighbouring="replace")
-    assert event["sensitivity"] == pytest.approx(own)
+    assert event["sensitivity"] == grid_sensitivity(own, 2 * K + 1, config.frac_bits)
     assert event["parameters"]["sigma"] == plan.rounds["normalise"].sigma_floor

@@ -24,7 +24,7 @@ from dpmarket.protocol.agents.policy import OwnerPolicy
 from dpmarket.protocol.agents.records import record
 from dpmarket.protocol.privacy.ledger import record_relation
 from dpmarket.protocol.securesum.client import Client, NodeKeyMismatch
-from dpmarket.protocol.securesum.node import ComputeNode
+from dpmarket.protocol.securesum.node import ComputeNode, owner_attestation
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
@@ -71,16 +71,20 @@ def _attestations(
     config: DcaConfig,
     keys: dict[str, bytes],
     frames: list[bytes],
+    own_key: bytes,
     others: int = 3,
-    checked: bool = True,
 ) -> dict[str, Any]:
     """The honest compute nodes' roster attestations to owner-1, after its registration
-    ``frames`` and those of ``others`` more owners reached them."""
-    nodes = {n: ComputeNode(config, n, PRIVATE[n]) for n in NODES}
-    clients = [Client(config, f"client:{o}", keys, (o,)) for o in config.clients[1 : 1 + others]]
+    ``frames`` (under ``own_key``, pinned at the nodes) and those of ``others`` more owners."""
+    members = config.clients[1 : 1 + others]
+    identities = {o: X25519PrivateKey.generate() for o in members}
+    pinned = {o: k.public_key().public_bytes_raw() for o, k in identities.items()}
+    pinned[NAME] = own_key
+    nodes = {n: ComputeNode(config, n, PRIVATE[n], pinned) for n in NODES}
+    clients = [Client(config, f"client:{o}", keys, (o,), identity=[identities[o]]) for o in members]
     for msg in [*(decode(f) for f in frames), *(m for c in clients for m in c.start())]:
         nodes[msg.recipient].receive(msg)
-    return {n: node.attest(checked)[NAME] for n, node in nodes.items()}
+    return {n: owner_attestation(node.attest(True), NAME) for n, node in nodes.items()}
 
 
 def _params() -> CuratorParams:
@@ -182,7 +186,7 @@ def test_an_honest_offer_is_served_and_a_second_normalise_gets_nothing(tmp_path:
         args = {"spec": _spec(plan, "normalise", 1), "what": "moments", "options": {"bound": 3.0}}
         with pytest.raises(ValueError, match="no round before the pinned compute nodes attest"):
             await agent.dispatch("dca_contribute", args)
-        roster = {"attestations": _attestations(config, keys, frames)}
+        roster = {"attestations": _attestations(config, keys, frames, identity["key"])}
         assert await agent.dispatch("dca_roster", roster) == 4
         args = {"spec": _spec(plan, "normalise", 1), "what": "moments", "options": {"bound": 3.0}}
         assert await agent.dispatch("dca_contribute", args)
@@ -291,8 +295,10 @@ def test_a_resumed_purchase_cannot_have_a_paid_round_again(tmp_path: Path) -> No
     async def first() -> None:
         await agent.dispatch("begin", {"offer": _offer(config, plan, _params())})
         await _ingested(agent)
+        own = (await agent.dispatch("dca_identity", {}))["key"]
         frames = await agent.dispatch("dca_setup", {"config": config, "node_keys": keys})
-        await agent.dispatch("dca_roster", {"attestations": _attestations(config, keys, frames)})
+        roster = _attestations(config, keys, frames, own)
+        await agent.dispatch("dca_roster", {"attestations": roster})
         assert await agent.dispatch("dca_contribute", args)
 
     asyncio.run(first())
@@ -301,8 +307,10 @@ def test_a_resumed_purchase_cannot_have_a_paid_round_again(tmp_path: Path) -> No
     async def second() -> None:
         await again.dispatch("begin", {"offer": _offer(config, plan, _params())})
         await _ingested(again)
+        own = (await again.dispatch("dca_identity", {}))["key"]
         frames = await again.dispatch("dca_setup", {"config": config, "node_keys": keys})
-        await again.dispatch("dca_roster", {"attestations": _attestations(config, keys, frames)})
+        roster = _attestations(config, keys, frames, own)
+        await again.dispatch("dca_roster", {"attestations": roster})
         with pytest.raises(ValueError, match="all used"):
             await again.dispatch("dca_contribute", args | {"spec": _spec(plan, "normalise", 2)})
         scan = {"spec": _spec(plan, "scan", 3), "what": "sketch", "options": dict(SKETCH)}
