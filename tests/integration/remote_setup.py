@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,22 +157,30 @@ class RemoteMarket:
         path.write_text("\n".join(lines) + "\n")
 
     # ------------------------------------------------------------------ processes
-    def _popen(self, name: str, args: list[str], cwd: Path) -> subprocess.Popen[bytes]:
+    def _popen(
+        self, name: str, args: list[str], cwd: Path, entry: list[str] = ENTRY
+    ) -> subprocess.Popen[bytes]:
         self.log(name).parent.mkdir(exist_ok=True)
         with self.log(name).open("ab") as log:
             return subprocess.Popen(
-                [*ENTRY, *args], cwd=cwd, env=self.env(), start_new_session=True,
+                [*entry, *args], cwd=cwd, env=self.env(), start_new_session=True,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
 
-    def start_driver(self, args: list[str], name: str = "market") -> subprocess.Popen[bytes]:
-        proc = self._popen(name, args, self.root / "market")
+    def start_driver(
+        self, args: list[str], name: str = "market", entry: list[str] = ENTRY
+    ) -> subprocess.Popen[bytes]:
+        """The market's process: ``entry`` (the CLI, or a script that calls its main) with
+        ``args``, in the market's folder."""
+        proc = self._popen(name, args, self.root / "market", entry)
         self.drivers.append(proc)
         return proc
 
-    def run(self, out: Path, *extra: str, local: bool = False) -> subprocess.Popen[bytes]:
+    def run(
+        self, out: Path, *extra: str, local: bool = False, entry: list[str] = ENTRY
+    ) -> subprocess.Popen[bytes]:
         config = self.local_market if local else self.market
-        return self.start_driver(["run", str(config), "--out", str(out), *extra])
+        return self.start_driver(["run", str(config), "--out", str(out), *extra], entry=entry)
 
     def start_agent(self, party: str, give_up: float = 900.0) -> subprocess.Popen[bytes]:
         kind = "owner" if party in self.owners else "node"
@@ -345,6 +354,39 @@ def build(
         )
     ray_tmp = Path(tempfile.mkdtemp(prefix="dpr", dir="/tmp"))  # short: Ray's socket paths
     return RemoteMarket(root, name, port, owner_names, node_names, ray_tmp)
+
+
+def build_shipped(root: Path) -> RemoteMarket:
+    """The market of configs/remote/ as shipped under ``root``: :func:`build`'s directories,
+    certificates and node pins, then every party's configuration replaced by its shipped file
+    (market.toml, node-N.toml, owner-N.toml: their policies, bounds, noise from OS entropy), with
+    only what names this directory adjusted: the market's address (a free port), each owner's
+    state folder (``state``, where :meth:`RemoteMarket.store` looks) and data file (``data/`` as
+    :func:`build` copied it)."""
+    shipped = ROOT / "configs" / "remote"
+    listen = tomllib.loads((shipped / "market.toml").read_text())["remote"]["listen"]
+    market = build(root, owners=4, nodes=3, name="remote-demo", reproducible=False)
+    address = f"127.0.0.1:{market.port}"
+
+    def adjusted(src: Path, dst: Path, *changes: tuple[str, str]) -> None:
+        text = src.read_text()
+        for old, new in [(f'"{listen}"', f'"{address}"'), *changes]:
+            if old not in text:
+                raise ValueError(f"{src}: no {old} to adjust")
+            text = text.replace(old, new)
+        dst.write_text(text)
+
+    adjusted(shipped / "market.toml", market.market)
+    for node in market.nodes:
+        adjusted(shipped / f"{node}.toml", market.config(node))
+    for owner in market.owners:
+        adjusted(
+            shipped / f"{owner}.toml",
+            market.config(owner),
+            (f'state = "state/{owner}"', 'state = "state"'),
+            (f'"data/{owner}.csv"', f'"data/0-{owner}.csv"'),
+        )
+    return market
 
 
 def charged_rows(store: Path) -> list[dict[str, Any]]:

@@ -85,8 +85,9 @@ def test_agents_in_their_own_processes_buy_what_local_actors_buy(tmp_path: Path)
         assert not list(remote_out.rglob("*.sqlite*"))  # the market holds no owner's ledger
 
         # mixed: owner-1 and owner-2 local actors of the market, owner-3 and owner-4 agents,
-        # every compute node an agent (without owners_ca: local owners sign nothing); the
-        # same summary again
+        # every compute node an agent (without owners_ca: local owners sign nothing, so the
+        # nodes attest a roster they did not check, and owner-3 and owner-4 take part only
+        # because their policies admit that: attested_roster = false); the same summary again
         mixed_out = tmp_path / "mixed"
         _mix(market, local=["owner-1", "owner-2"])
         driver = market.run(mixed_out)
@@ -103,7 +104,9 @@ def test_agents_in_their_own_processes_buy_what_local_actors_buy(tmp_path: Path)
 
 def _mix(market: RemoteMarket, local: list[str]) -> None:
     """Make ``local`` owners local actors of the market (their files from the all-local
-    config), the others stay agents; compute nodes stop checking owners' signatures."""
+    config), the others stay agents; compute nodes stop checking owners' signatures, and the
+    agents' policies admit a roster the nodes attest unchecked (``attested_roster = false``:
+    without it they decline such a market, which is what the policy is for)."""
     text = market.market.read_text()
     remote = [o for o in market.owners if o not in local]
     text = text.replace(f"owners = {market.owners!r}".replace("'", '"'),
@@ -114,6 +117,8 @@ def _mix(market: RemoteMarket, local: list[str]) -> None:
         if any(line.startswith(f"{o} = ") for o in local)
     ]
     market.market.write_text(text.rstrip("\n") + "\n\n[data.files]\n" + "\n".join(files) + "\n")
+    for owner in remote:
+        market.set_policy(owner, attested_roster=False)
     for node in market.nodes:
         path = market.config(node)
         path.write_text(
