@@ -10,7 +10,7 @@ reads a clock; waits are generous.
 from __future__ import annotations
 
 import json
-import time
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RUN = 900.0  # seconds a market run may take on 2 loaded cores (generous; never asserted)
 SECURE = ["normalise (secure sum)", "scan (secure sum)"]
+# the driver's progress line once the curator runs its epochs (actors/run/phases.py)
+EPOCH_LINE = re.compile(r"epoch +\d+  summary")
 
 
 def _report(out: Path) -> dict[str, Any]:
@@ -209,7 +211,8 @@ def test_owners_cut_or_delayed_above_t_then_resume_with_a_half_open_owner(
 
             for proxy in proxies.values():
                 proxy.restore()
-            time.sleep(5.0)  # owner-2 receives what was held (the market's end) and stops
+            # owner-2 receives what was held (the market's end) and stops
+            assert wait_until(lambda: market.procs["owner-2"].poll() is not None, RUN)
             for party in [*market.nodes, *market.owners]:
                 if market.procs[party].poll() is not None:
                     market.start_agent(party)  # owner-1 never stopped: it keeps redialling
@@ -217,7 +220,9 @@ def test_owners_cut_or_delayed_above_t_then_resume_with_a_half_open_owner(
             accepted = lambda: market.log("owner-3").read_text().count("accepted purchase") >= 2  # noqa: E731
             # its summary plan was charged before the cut
             assert wait_until(lambda: accepted() or resume.poll() is not None, RUN)
-            time.sleep(5.0)  # the resumed market ingests, then replays the epochs
+            # the resumed market ingests, then replays the epochs: its first epoch line
+            epochs = lambda: EPOCH_LINE.search(market.log("resume").read_text())  # noqa: E731
+            assert wait_until(lambda: epochs() or resume.poll() is not None, RUN)
             proxies["owner-3"].half_open()
             assert resume.wait(timeout=RUN) == 0
         finally:
