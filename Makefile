@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo evaluate test lint typecheck unit bench-quick clean
+.PHONY: demo evaluate test check lint typecheck unit unit-fast unit-ray bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -23,12 +23,23 @@ evaluate: $(STAMP)
 
 test: $(STAMP) lint typecheck unit
 
+# the inner loop: lint, types and every test that starts no Ray (benchmarks/RESULTS.md, "Test
+# suite time (issue 37)")
+check: $(STAMP) lint typecheck unit-fast
+
+# each part prints its slowest tests; benchmarks/RESULTS.md records the times per part
+PYTEST := $(BIN)/python -m pytest -q --durations=25
+
 # two processes: the Ray tests (local Ray instances, market runs) and the rest; one process
 # for all of them grew past the machine's memory (what Ray and the runs leave behind in the
 # pytest process accumulated under the later tests)
-unit: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not ray"
-	$(BIN)/python -m pytest -q -m ray
+unit: unit-fast unit-ray
+
+unit-fast: $(STAMP)
+	$(PYTEST) -m "not ray"
+
+unit-ray: $(STAMP)
+	$(PYTEST) -m ray
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -35,10 +35,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
-from dp_accounting import gaussian_mechanism
-from dp_accounting.pld import common
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
 from dpmarket.protocol.privacy.composition import (
     check_delta,
     kairouz_theorem7,
@@ -189,11 +185,16 @@ class MechanismEvent:
                 "pass gaussian_delta or use the PLD accountant"
             )
         check_delta(gaussian_delta, "gaussian_delta")
+        from dp_accounting import gaussian_mechanism  # on use: ~1 s of imports for every actor
+
         eps = gaussian_mechanism.get_epsilon_gaussian(self.param("sigma") / s, gaussian_delta)
         return float(eps), gaussian_delta
 
     def single_pld(self, value_discretization_interval: float = 1e-4) -> _PLD:
         """The dp_accounting PLD of one occurrence (pessimistic estimate)."""
+        from dp_accounting.pld import common  # on use, as in dp_parameters
+        from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
         _check_positive(value_discretization_interval, "value_discretization_interval")
         vdi = value_discretization_interval
         if self.mechanism == "laplace":

@@ -34,17 +34,21 @@ class _Method:
 
 
 class _FakeActor:
-    """Hosts owners like OwnerActor; ``dead`` makes every call raise RayActorError."""
+    """Hosts owners like OwnerActor; ``dead`` makes every call raise RayActorError; ``slow``
+    holds every reply until set (OwnerActor's ``faults.delay``, without a clock)."""
 
     def __init__(self, owners: list[Owner]) -> None:
         self.owners = {o.name: (o, ReplayGuard()) for o in owners}
         self.handle = _Method(self)
         self.calls = 0
         self.dead = False
+        self.slow: asyncio.Event | None = None
 
     async def call(self, batches: dict[str, list[bytes]]) -> list[bytes]:
         self.calls += 1
         await asyncio.sleep(0)
+        if self.slow is not None:
+            await self.slow.wait()
         if self.dead:
             raise ray.exceptions.RayActorError()
         out: list[bytes] = []
@@ -117,3 +121,24 @@ async def test_a_dead_actor_loses_every_owner_it_hosts_at_once(scenario: Scenari
     hosted = set(victim.owners)
     assert transport.dead == hosted and set(curator.lost) == hosted
     assert res.reason == "complete" and all(p.owner not in hosted for p in res.provenance)
+
+
+async def test_an_owner_that_answers_after_the_deadline_is_lost_and_the_run_completes(
+    scenario: Scenario,
+) -> None:
+    """Moved here from tests/integration/test_ray_summary.py (issue 37): an owner actor whose
+    replies are held past the phase deadline is lost once; the run completes without it and
+    buys nothing from it. The deadline is the test's (0.2 s); the reply never comes before it:
+    it is held on an event, released only after the run."""
+    params = _params(scenario, phase_timeout=0.2, max_lost=1)
+    curator, handles = _market(scenario, params, 1)
+    slow = scenario.owner_names[1]
+    held = handles[slow].slow = asyncio.Event()
+    transport = RayTransport(handles)
+    await asyncio.wait_for(
+        transport.drive(curator, curator.start(), lambda: curator.done), timeout=60
+    )
+    held.set()
+    res = curator.result()
+    assert res.reason == "complete" and slow in curator.lost
+    assert all(p.owner != slow for p in res.provenance)

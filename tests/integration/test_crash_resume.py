@@ -4,8 +4,8 @@ A driver whose curator finished after it died (the journal says "done", no repor
 ``resume`` writes the finished run's outputs without buying anything again, and a resume of a
 complete OUT exits 0 (also when it died while writing the outputs). A curator lost before its
 first journal snapshot (during the owners' warm-up) is respawned. ``kill -9`` of the driver's
-process group in each phase (warm-up, the normalise and scan rounds, early and late epochs,
-after the curator finished): ``resume`` (or, before the first journal
+process group in each phase (warm-up, the normalise and scan rounds, early and late epochs):
+``resume`` (or, before the first journal
 snapshot, a rerun: README "Quick start" ... docs/guide/run-and-faults.md) ends with a complete
 purchase whose every party's ledger equals an uninterrupted run's.
 """
@@ -159,8 +159,11 @@ PHASES: dict[str, Callable[[Path, str], bool]] = {
     "scan": _round_opened("scan"),
     "epochs": _epochs_begun,
     "late-epochs": _late_epochs,
-    "finished": lambda out, text: _journal(out).get("state") == "done",
 }
+# A kill once the curator journaled "done" was a phase here until issue 37; the driver dying
+# after that point (right after the curator's run, or while writing the outputs) is asserted by
+# test_resume_of_a_run_whose_curator_finished_writes_its_outputs, the real process-group kill
+# by the phases above.
 
 
 @pytest.mark.parametrize("phase", list(PHASES))
@@ -210,7 +213,7 @@ def test_driver_process_group_killed_in_each_phase_loses_nothing(
         reader.join(timeout=30)
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert _started_by(driver.pid, str(ray_tmp)) == []
-    assert phase == "finished" or not (out / "report.json").exists()
+    assert not (out / "report.json").exists()
     if (out / ".journal" / "journal.json").exists():
         assert phase != "warm-up"
         assert main(["resume", str(out)]) == 0

@@ -10,7 +10,7 @@ reads a clock; waits are generous.
 from __future__ import annotations
 
 import json
-import time
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RUN = 900.0  # seconds a market run may take on 2 loaded cores (generous; never asserted)
 SECURE = ["normalise (secure sum)", "scan (secure sum)"]
+# the driver's progress line once the curator runs its epochs (actors/run/phases.py)
+EPOCH_LINE = re.compile(r"epoch +\d+  summary")
 
 
 def _report(out: Path) -> dict[str, Any]:
@@ -212,9 +214,13 @@ def test_owners_cut_or_delayed_above_t_then_resume_with_a_half_open_owner(
             assert market.wait_agents(stopped) == dict.fromkeys(stopped, 3)
             before = {o: release_counts(market.store(o)) for o in market.owners}
 
+            said = len(market.log("owner-2").read_bytes())
             for proxy in proxies.values():
                 proxy.restore()
-            time.sleep(5.0)  # owner-2 receives what was held (the market's end) and stops
+            # owner-2 either receives what was held (the market's end) and stops, or its held
+            # connection is gone and it redials (a retry said after the restore): either way
+            # it is not about to stop under the loop below
+            assert wait_until(lambda: _stopped_or_redialling(market, "owner-2", said), RUN)
             for party in [*market.nodes, *market.owners]:
                 if market.procs[party].poll() is not None:
                     market.start_agent(party)  # owner-1 never stopped: it keeps redialling
@@ -222,7 +228,9 @@ def test_owners_cut_or_delayed_above_t_then_resume_with_a_half_open_owner(
             accepted = lambda: market.log("owner-3").read_text().count("accepted purchase") >= 2  # noqa: E731
             # its summary plan was charged before the cut
             assert wait_until(lambda: accepted() or resume.poll() is not None, RUN)
-            time.sleep(5.0)  # the resumed market ingests, then replays the epochs
+            # the resumed market ingests, then replays the epochs: its first epoch line
+            epochs = lambda: EPOCH_LINE.search(market.log("resume").read_text())  # noqa: E731
+            assert wait_until(lambda: epochs() or resume.poll() is not None, RUN)
             proxies["owner-3"].half_open()
             assert resume.wait(timeout=RUN) == 0
         finally:
@@ -237,6 +245,14 @@ def test_owners_cut_or_delayed_above_t_then_resume_with_a_half_open_owner(
             assert all(counts[r] == n for r, n in before[owner].items())  # kept, not redone
         for owner in ("owner-1", "owner-2", "owner-4"):
             assert _kinds(market.store(owner)) == sorted([*SECURE, "summary plan"])
+
+
+def _stopped_or_redialling(market: RemoteMarket, owner: str, said: int) -> bool:
+    """The owner's agent has exited, or said a retry after the first ``said`` bytes of its
+    log."""
+    if market.procs[owner].poll() is not None:
+        return True
+    return b"retrying in" in market.log(owner).read_bytes()[said:]
 
 
 def test_requests_are_offered_to_each_remote_owner_in_turn(tmp_path: Path) -> None:
