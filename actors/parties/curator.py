@@ -212,14 +212,22 @@ class CuratorActor:
         self._checkpoint()
 
     def _refuse_short(self, result: RoundResult, phase: str) -> dict[str, Any] | None:
-        """A secure round short of T (missing + known colluders; released and charged nothing)
-        refuses the run, journaled, before any further release: the refused payload, or None."""
-        if result.status != "insufficient":
-            return None
+        """A secure round short of T (missing + known colluders), or one that failed (a compute
+        node lost: the DCA needs every node's partial sum) or whose nodes disagreed, released
+        and charged nothing: it refuses the run, journaled, before any further release (never
+        a later phase without it): the refused payload, or None."""
+        if result.status not in ("insufficient", "failed", "inconsistent"):
+            return None  # released, or charged once after a crash ("lost"): the run goes on
         self._curator.refuse_round(phase, result.reason, list(result.missing))
         self._checkpoint()
         c = self._curator
-        return {"state": c.state, "reason": c.reason, "refusal": dict(c.refusal)}
+        ledgers = {k: v.to_dict() for k, v in c.ledgers.items()}  # what was charged before it
+        return {
+            "state": c.state,
+            "reason": c.reason,
+            "refusal": dict(c.refusal),
+            "ledgers": ledgers,
+        }
 
     async def standardize(self, center: list[float], scale: list[float], gamma: float) -> None:
         """Hash standardised features from now on (before ``run``; see Curator.standardize)."""

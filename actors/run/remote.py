@@ -18,13 +18,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpmarket.actors.config.inputs import MarketConfig
+from dpmarket.actors.parties.dca import error_line
 from dpmarket.actors.remote.handles import RemoteHandle
 from dpmarket.actors.remote.tls import load_pem
 from dpmarket.actors.run.spawn import actor_options
 from dpmarket.protocol.agents.records import record
 from dpmarket.streams.records.files import Schema
 
-__all__ = ["RemoteParties", "finish_remote", "offer_purchase", "start_remote"]
+__all__ = [
+    "RemoteParties",
+    "finish_remote",
+    "join_shortfall",
+    "offer_purchase",
+    "start_remote",
+]
 
 
 @dataclass
@@ -97,7 +104,7 @@ def start_remote(config: MarketConfig) -> RemoteParties | None:
             try:
                 parties.node_keys[name] = ray.get(handle.public_key.remote())
             except ray.exceptions.RayTaskError as exc:
-                print(f"dpmarket: {name}: no public key ({exc})", file=sys.stderr)
+                print(f"dpmarket: {name}: no public key ({error_line(exc)})", file=sys.stderr)
     return parties
 
 
@@ -133,6 +140,51 @@ def offer_purchase(
             parties.declined[owner] = "; ".join(str(r) for r in reasons)
     for owner, why in parties.declined.items():
         print(f"dpmarket: {owner} takes no part in this purchase: {why}", file=sys.stderr)
+
+
+def join_shortfall(
+    parties: RemoteParties, config: MarketConfig, secure: bool
+) -> dict[str, Any] | None:
+    """The refused payload of a purchase that cannot release anything, decided after the
+    joins and the offers and before any round opens (so nothing is released and no owner's
+    store is charged; nothing to resume: the same command run again starts cleanly): more than
+    T owners absent, declined or colluding, or, when the secure sums must run (``secure``), a
+    remote compute node that did not join or gave no key (the DCA needs every node). None when
+    the purchase can go on."""
+    absent = [o for o in parties.owners if not parties.joined.get(o)]
+    why = {o: "not joined by the deadline" for o in absent}
+    why |= {o: f"declined: {r}" for o, r in parties.declined.items() if o not in why}
+    colluders = sorted(set(config.faults.colluders) - set(why))
+    missing_nodes = sorted(n for n, key in parties.node_keys.items() if key is None)
+    lost = sorted(why)
+    if secure and missing_nodes:
+        reason = (
+            f"compute nodes missing when the secure sums must start: {missing_nodes} (the "
+            "secure sum needs every node)"
+        )
+    elif len(lost) + len(colluders) > config.tolerance:
+        named = "; ".join(
+            [f"{o}: {why[o]}" for o in lost] + [f"colluders {colluders}"] * bool(colluders)
+        )
+        reason = (
+            f"{len(lost) + len(colluders)} owners cannot take part, more than T = "
+            f"{config.tolerance} ({named})"
+        )
+    else:
+        return None
+    return {
+        "state": "refused",
+        "reason": f"refused before any release (join): {reason}; no release was made",
+        "refusal": {
+            "epoch": 0,
+            "phase": "join",
+            "lost": lost,
+            "nodes": missing_nodes,
+            "colluders": colluders,
+            "tolerance": config.tolerance,
+            "before_start": True,
+        },
+    }
 
 
 def schema_record(schema: Schema) -> dict[str, Any]:
