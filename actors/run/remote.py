@@ -21,6 +21,7 @@ from dpmarket.actors.config.inputs import MarketConfig
 from dpmarket.actors.parties.dca import error_line
 from dpmarket.actors.remote.handles import RemoteHandle
 from dpmarket.actors.remote.tls import load_pem
+from dpmarket.actors.run.refusals import RefusalWatch
 from dpmarket.actors.run.spawn import actor_options
 from dpmarket.protocol.agents.records import record
 from dpmarket.streams.records.files import Schema
@@ -45,15 +46,25 @@ class RemoteParties:
     node_keys: dict[str, bytes | None] = field(default_factory=dict)  # None: not joined
     joined: dict[str, bool] = field(default_factory=dict)
     declined: dict[str, str] = field(default_factory=dict)
+    watch: RefusalWatch | None = None  # prints the gateway's refusals while the run goes on
+    refusals: list[dict[str, Any]] = field(default_factory=list)  # kinds and counts, at the end
+
+    def collect(self) -> None:
+        """Stop watching the gateway's refusals; keep every kind with its count."""
+        if self.watch is not None:
+            self.refusals, self.watch = self.watch.stop(), None
 
     def public(self) -> dict[str, Any]:
         """For report.json: who joined, who declined and why, who never came (participation
-        is seen by every party anyway: README, "Across organisations")."""
+        is seen by every party anyway: README, "Across organisations"), and each refused or
+        replaced connection with its count (actors/run/refusals.py)."""
+        self.collect()
         return {
             "owners": sorted(self.owners),
             "nodes": sorted(self.nodes),
             "absent": sorted(p for p, ok in self.joined.items() if not ok),
             "declined": dict(sorted(self.declined.items())),
+            "refusals": list(self.refusals),
         }
 
 
@@ -78,8 +89,10 @@ def start_remote(config: MarketConfig) -> RemoteParties | None:
         load_pem(remote.client_ca, "the CA of the agents' certificates"),
         remote.parties(),
         remote.call_timeout,
+        config.deadline_seconds,  # a link back within the phase deadline costs nothing
     )
     port = ray.get(gateway.start.remote())
+    watch = RefusalWatch(gateway).start()  # each refusal a line of this run's output
     host = remote.listen.rpartition(":")[0]
     print(
         f"dpmarket: waiting up to {remote.join_deadline:g} s for {len(remote.parties())} remote "
@@ -94,6 +107,7 @@ def start_remote(config: MarketConfig) -> RemoteParties | None:
         {o: RemoteHandle(gateway, o, "owner") for o in remote.owners},
         {n: RemoteHandle(gateway, n, "node") for n in remote.nodes},
         joined=joined,
+        watch=watch,
     )
     absent = sorted(p for p, ok in joined.items() if not ok)
     if absent:
@@ -203,6 +217,7 @@ def finish_remote(parties: RemoteParties | None, finished: bool, reason: str) ->
 
     if parties is None:
         return
+    parties.collect()
     try:
         ray.get(parties.gateway.finish.remote(reason, finished), timeout=30)
     except (ray.exceptions.RayError, TimeoutError) as exc:

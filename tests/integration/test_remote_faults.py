@@ -9,12 +9,22 @@ assertion reads a clock.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.remote_setup import build, charged_rows, release_counts
+from dpmarket.actors.remote import tls
+from tests.integration.remote_setup import (
+    RemoteMarket,
+    build,
+    charged_labels,
+    charged_rows,
+    release_counts,
+    wait_until,
+)
+from tests.remote.proxy import FaultProxy
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -76,3 +86,66 @@ def test_a_compute_node_missing_stops_the_purchase_naming_it(tmp_path: Path) -> 
         for owner in market.owners:
             assert charged_rows(market.store(owner)) == [], owner
         assert {c["pld"] for c in report["charged"].values()} == {0.0}
+
+
+def _impostor(market: RemoteMarket, name: str, cert_of: str) -> Path:
+    """A copy of ``cert_of``'s agent directory whose configuration claims to be ``name``."""
+    home = market.root / f"impostor-{name}"
+    shutil.copytree(market.root / cert_of, home)
+    config = home / "owner.toml"
+    config.write_text(config.read_text().replace(f'name = "{cert_of}"', f'name = "{name}"', 1))
+    return config
+
+
+def test_a_name_claimed_with_another_partys_certificate_is_named_and_the_real_party_buys(
+    tmp_path: Path,
+) -> None:
+    """An agent with owner-2's certificate claiming owner-1: refused (exit 2), named with the
+    certificate's fingerprint in ``dpmarket run``'s own output and in report.json's
+    ``faults.remote.refusals``; owner-1 itself completes the purchase."""
+    with build(tmp_path / "m") as market:
+        out = tmp_path / "out"
+        driver = market.run(out)
+        market.start_agents()
+        config = _impostor(market, "owner-1", "owner-2")
+        args = ["owner", "serve", str(config), "--give-up", str(RUN)]
+        impostor = market.procs["impostor"] = market._popen("impostor", args, config.parent)
+        assert impostor.wait(timeout=RUN) == 2  # refused: a configuration or identity error
+        assert driver.wait(timeout=RUN) == 0
+        fp = tls.fingerprint((market.root / "pki" / "owner-2.crt").read_bytes())
+        said = [line for line in market.log("market").read_text().splitlines() if fp in line]
+        assert said and "'owner-1'" in said[0] and "certificate of owner-2" in said[0], said
+        report = _report(out)
+        assert report["outcome"]["state"] == "done"
+        refusals = report["faults"]["remote"]["refusals"]
+        assert [(r["claimed"], r["fingerprint"]) for r in refusals] == [("owner-1", fp)]
+        assert refusals[0]["count"] >= 1 and "owner-2" in refusals[0]["reason"]
+        labels = charged_labels(market.store("owner-1"))
+        assert any(label.startswith("summary plan") for label in labels), labels
+
+
+def test_a_one_second_cut_of_an_owners_link_in_the_epochs_costs_nothing(tmp_path: Path) -> None:
+    """owner-1's link cut (the suite's proxy resets every connection and refuses new ones)
+    during the epochs and restored once the agent has seen the cut and retried (about a
+    second): the agent reconnects within the epoch deadline, the call in flight is sent again,
+    and the run completes (exit 0) with owner-1 neither lost nor dropped."""
+    with build(tmp_path / "m", deadline_seconds=15.0) as market:
+        with FaultProxy(("127.0.0.1", market.port)) as proxy:
+            market.route_through("owner-1", proxy.port)
+            out = tmp_path / "out"
+            driver = market.run(out)
+            market.start_agents()
+            paid = lambda: "summary plan" in " ".join(charged_labels(market.store("owner-1")))  # noqa: E731
+            assert wait_until(lambda: paid() or driver.poll() is not None, RUN, 0.01)
+            assert driver.poll() is None, "the market finished before the cut"
+            log = market.log("owner-1")
+            retries = log.read_text().count("retrying")
+            proxy.drop()
+            assert wait_until(lambda: log.read_text().count("retrying") > retries, RUN)
+            proxy.restore()
+            assert driver.wait(timeout=RUN) == 0
+        report = _report(out)
+        assert report["outcome"]["state"] == "done"
+        assert "owner-1" not in report["faults"]["lost"], report["faults"]
+        assert all(d[1] != "owner-1" for d in report["faults"]["dropped"]), report["faults"]
+        assert log.read_text().count("joined market") >= 2  # it was cut and came back
