@@ -28,7 +28,7 @@ from dpmarket.actors.parties.securephase_journal import (
     charge_lost_refreshes,
     run_secure_phases,
 )
-from dpmarket.actors.parties.transport import FaultPlan, RayTransport
+from dpmarket.actors.parties.transport import FaultPlan, RayTransport, gateways_reachable
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.spec import RoundResult
 from dpmarket.protocol.summary.curator import Curator, CuratorParams, SummaryResult
@@ -180,6 +180,7 @@ class CuratorActor:
             "epoch": c.epoch.number,
             "summary_size": len(c.provenance),
             "lost": sorted(c.lost),
+            "absent": sorted(set(c.owners) - c.live),  # from this epoch (lost, not back)
         }
 
     async def secure_phases(
@@ -251,7 +252,7 @@ class CuratorActor:
         else:
             first = curator.resume() if self._resumed else curator.start()
         self._checkpoint()
-        transport = RayTransport(handles, faults)
+        transport = RayTransport(handles, faults, reachable=gateways_reachable(handles))
         self._transport = transport
         await transport.drive(
             curator, first, lambda: curator.state in ("done", "refused"), self._on_step

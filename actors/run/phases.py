@@ -411,7 +411,8 @@ def summarise(
                 continue  # the run call reports the loss
             progress(
                 f"epoch {status['epoch']:>5}  summary {status['summary_size']:>5}/"
-                f"{config.summary_size}  lost {len(status['lost'])}"
+                f"{config.summary_size}  lost {len(status['lost'])}  "
+                f"absent {len(status.get('absent', []))}"
             )
     finally:
         print(file=sys.stderr)

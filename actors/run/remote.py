@@ -50,7 +50,13 @@ class RemoteParties:
     refusals: list[dict[str, Any]] = field(default_factory=list)  # kinds and counts, at the end
 
     def collect(self) -> None:
-        """Stop watching the gateway's refusals; keep every kind with its count."""
+        """Every kind of refusal so far with its count (the watch goes on: a run of
+        ``[[requests]]`` reports each request)."""
+        if self.watch is not None:
+            self.watch.poll(force=True)
+            self.refusals = self.watch.lines.entries()
+
+    def stop_watching(self) -> None:
         if self.watch is not None:
             self.refusals, self.watch = self.watch.stop(), None
 
@@ -217,7 +223,7 @@ def finish_remote(parties: RemoteParties | None, finished: bool, reason: str) ->
 
     if parties is None:
         return
-    parties.collect()
+    parties.stop_watching()
     try:
         ray.get(parties.gateway.finish.remote(reason, finished), timeout=30)
     except (ray.exceptions.RayError, TimeoutError) as exc:

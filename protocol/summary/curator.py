@@ -111,6 +111,8 @@ class Curator(EpochCycle):
         self.epoch = _Epoch(0, np.zeros(params.d), 0)
         self.reason = ""
         self.lost: dict[str, int] = {}  # owner -> epoch at which it missed a deadline
+        self.heard: set[str] = set()  # owners that sent an accepted frame this run
+        self.back: set[str] = set()  # lost owners reachable again: live from the next epoch
         self.refusal: dict[str, object] = {}
         self.checkpoint_due = False  # a release or an auction happened: journal the state now
         self._table: dict[tuple[str, str], Handler] = {
@@ -202,7 +204,17 @@ class Curator(EpochCycle):
             raise RemoteProtocolError(
                 f"round: {msg.round} is not the open epoch {self.epoch.number}"
             )
-        return dispatch(self.name, self.run, self.state, self._table, msg)
+        out = dispatch(self.name, self.run, self.state, self._table, msg)
+        self.heard.add(msg.sender)
+        return out
+
+    def returned(self, owners: set[str]) -> None:
+        """``owners`` are reachable again (the runtime's word: a remote owner's link is back).
+        Those lost after taking part (an accepted frame this run) are asked again from the next
+        epoch on (:meth:`_open_epoch`); one never heard from (it never joined, or declined) is
+        not: it would only be waited for at every deadline. T counts the owners absent from
+        each epoch (:meth:`lose`), so a returning owner no longer counts once it is back."""
+        self.back |= {o for o in owners if o in self.lost and o in self.heard} - self.live
 
     def _is_late(self, msg: Message) -> bool:
         """An answer to a phase that has already closed (deadline passed or run finished)."""
@@ -239,8 +251,10 @@ class Curator(EpochCycle):
             self.dropped.append((ep.number, owner, phase))
             self.lost.setdefault(owner, ep.number)
         self.live -= owners
+        self.back -= owners
         budget = self.params.max_lost
-        if budget is not None and len(self.lost) + self.params.known_colluders > budget:
+        absent = set(self.owners) - self.live  # absent from this epoch (T counts per epoch)
+        if budget is not None and len(absent) + self.params.known_colluders > budget:
             return self._refuse(phase)
         if not self._all_answered():
             return []
@@ -249,7 +263,7 @@ class Curator(EpochCycle):
     def _refuse(self, phase: str) -> list[Message]:
         """More owners lost (plus known colluders) than T: stop before any further release."""
         ep, p = self.epoch, self.params
-        lost = sorted(self.lost)
+        lost = sorted(set(self.owners) - self.live)  # absent from this epoch
         self.refusal = {
             "epoch": ep.number,
             "phase": phase,
@@ -298,6 +312,7 @@ class Curator(EpochCycle):
         ep = self.epoch
         self.live, self.state, self.reason, self.refusal = set(self.owners), "bidding", "", {}
         self.lost.clear()
+        self.back.clear()
         ep.bids.clear()
         ep.passed.clear()
         ep.deadline = None
