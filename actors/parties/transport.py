@@ -329,7 +329,7 @@ def gateways_reachable(handles: dict[str, Any]) -> Callable[[], Awaitable[set[st
     async def reachable() -> set[str]:
         names: set[str] = set()
         for gateway in gateways.values():
-            names |= set(await gateway.connected.remote())
+            names |= set(await gateway.reachable.remote())
         return names
 
     return reachable

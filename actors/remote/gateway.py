@@ -105,6 +105,7 @@ class Gateway:
         self._by_fingerprint = {fp: name for name, (_, fp) in parties.items()}
         self.call_timeout, self.reconnect_grace = call_timeout, reconnect_grace
         self._left: dict[str, float] = {}  # party -> when its last stream broke (monotonic)
+        self._took_offer: set[str] = set()  # owners whose last offer (begin) was accepted
         self._tokens = 0
         self._nonce = secrets.token_hex(8)  # a token of this gateway is never another's
         self._sessions: dict[str, _Session] = {}
@@ -148,6 +149,12 @@ class Gateway:
 
     async def connected(self) -> list[str]:
         return sorted(self._sessions)
+
+    async def reachable(self) -> list[str]:
+        """The parties connected now that took the current offer (a node takes none): a lost
+        owner among them may be asked again (actors/parties/transport.py)."""
+        owners = {p for p, (role, _) in self.parties.items() if role == "owner"}
+        return sorted(p for p in self._sessions if p not in owners or p in self._took_offer)
 
     async def report(self) -> dict[str, Any]:
         """Joins, leaves and refusals so far, and each party's call errors."""
@@ -194,6 +201,10 @@ class Gateway:
         role = self.parties[party][0]
         absent = ABSENT[(role, method)]  # KeyError: not a method a remote party has
         reply, why = await self._call(party, method, pack_call(role, method, args))
+        if method == "begin" or (reply is not None and reply.declined):  # declined at any call
+            self._took_offer.discard(party)
+        if method == "begin" and reply is not None and not reply.declined and reply.error is None:
+            self._took_offer.add(party)
         if reply is not None:
             if reply.declined:
                 why = f"declined: {reply.error or 'its policy'}"

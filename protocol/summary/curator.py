@@ -111,7 +111,6 @@ class Curator(EpochCycle):
         self.epoch = _Epoch(0, np.zeros(params.d), 0)
         self.reason = ""
         self.lost: dict[str, int] = {}  # owner -> epoch at which it missed a deadline
-        self.heard: set[str] = set()  # owners that sent an accepted frame this run
         self.back: set[str] = set()  # lost owners reachable again: live from the next epoch
         self.refusal: dict[str, object] = {}
         self.checkpoint_due = False  # a release or an auction happened: journal the state now
@@ -204,17 +203,15 @@ class Curator(EpochCycle):
             raise RemoteProtocolError(
                 f"round: {msg.round} is not the open epoch {self.epoch.number}"
             )
-        out = dispatch(self.name, self.run, self.state, self._table, msg)
-        self.heard.add(msg.sender)
-        return out
+        return dispatch(self.name, self.run, self.state, self._table, msg)
 
     def returned(self, owners: set[str]) -> None:
-        """``owners`` are reachable again (the runtime's word: a remote owner's link is back).
-        Those lost after taking part (an accepted frame this run) are asked again from the next
-        epoch on (:meth:`_open_epoch`); one never heard from (it never joined, or declined) is
-        not: it would only be waited for at every deadline. T counts the owners absent from
-        each epoch (:meth:`lose`), so a returning owner no longer counts once it is back."""
-        self.back |= {o for o in owners if o in self.lost and o in self.heard} - self.live
+        """``owners`` are reachable again (the runtime's word: a remote owner that took the
+        offer and whose link is back). Those of them that were lost are asked again from the
+        next epoch on (:meth:`_open_epoch`); T counts the owners absent from each epoch
+        (:meth:`lose`), so a returning owner no longer counts once it is back (and counts again
+        if it misses that epoch's deadline too)."""
+        self.back |= {o for o in owners if o in self.lost} - self.live
 
     def _is_late(self, msg: Message) -> bool:
         """An answer to a phase that has already closed (deadline passed or run finished)."""
