@@ -65,13 +65,15 @@ class RemoteParties:
         is seen by every party anyway: README, "Across organisations"), and each refused or
         replaced connection with its count (actors/run/refusals.py)."""
         self.collect()
-        return {
+        public: dict[str, Any] = {
             "owners": sorted(self.owners),
             "nodes": sorted(self.nodes),
             "absent": sorted(p for p, ok in self.joined.items() if not ok),
             "declined": dict(sorted(self.declined.items())),
-            "refusals": list(self.refusals),
         }
+        if self.refusals:  # an optional key: present when a connection was refused or replaced
+            public["refusals"] = list(self.refusals)
+        return public
 
 
 def start_remote(config: MarketConfig) -> RemoteParties | None:
