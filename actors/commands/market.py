@@ -171,9 +171,24 @@ def _epsilon(value: float | str | None) -> str:
     return value if isinstance(value, str) else f"{value:.3f}"
 
 
+def print_stopped(report: dict[str, Any]) -> None:
+    """A stopped run's report: where it stopped, who was lost, what each owner was charged."""
+    outcome, faults = report["outcome"], report["faults"]
+    print(f"stopped in {outcome.get('phase') or 'the run'} (exit 3)")
+    if faults.get("lost") or faults.get("nodes"):
+        print(
+            f"  lost or declined owners {faults.get('lost', [])}; nodes {faults.get('nodes', [])}"
+        )
+    for owner, charged in sorted(report.get("charged", {}).items()):
+        print(f"  {owner:<12} charged eps {_epsilon(charged.get('pld'))}")
+
+
 def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None) -> None:
     """Print the public ``report`` and, when given, the consumer's utility
     (actors/run/report.py)."""
+    if report["outcome"]["state"] == "refused":  # a stopped run's (actors/run/stopped.py)
+        print_stopped(report)
+        return
     outcome, parsimony = report["outcome"], report["parsimony"]
     bought = f" ({parsimony['mechanism']})" if parsimony.get("mechanism") else ""
     print(f"state {outcome['state']} after {outcome['epochs']} epochs{bought}: {outcome['reason']}")

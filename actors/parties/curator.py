@@ -28,7 +28,7 @@ from dpmarket.actors.parties.securephase_journal import (
     charge_lost_refreshes,
     run_secure_phases,
 )
-from dpmarket.actors.parties.transport import FaultPlan, RayTransport
+from dpmarket.actors.parties.transport import FaultPlan, RayTransport, gateways_reachable
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.securesum.spec import RoundResult
 from dpmarket.protocol.summary.curator import Curator, CuratorParams, SummaryResult
@@ -180,6 +180,7 @@ class CuratorActor:
             "epoch": c.epoch.number,
             "summary_size": len(c.provenance),
             "lost": sorted(c.lost),
+            "absent": sorted(set(c.owners) - c.live),  # from this epoch (lost, not back)
         }
 
     async def secure_phases(
@@ -212,14 +213,22 @@ class CuratorActor:
         self._checkpoint()
 
     def _refuse_short(self, result: RoundResult, phase: str) -> dict[str, Any] | None:
-        """A secure round short of T (missing + known colluders; released and charged nothing)
-        refuses the run, journaled, before any further release: the refused payload, or None."""
-        if result.status != "insufficient":
-            return None
+        """A secure round short of T (missing + known colluders), or one that failed (a compute
+        node lost: the DCA needs every node's partial sum) or whose nodes disagreed, released
+        and charged nothing: it refuses the run, journaled, before any further release (never
+        a later phase without it): the refused payload, or None."""
+        if result.status not in ("insufficient", "failed", "inconsistent"):
+            return None  # released, or charged once after a crash ("lost"): the run goes on
         self._curator.refuse_round(phase, result.reason, list(result.missing))
         self._checkpoint()
         c = self._curator
-        return {"state": c.state, "reason": c.reason, "refusal": dict(c.refusal)}
+        ledgers = {k: v.to_dict() for k, v in c.ledgers.items()}  # what was charged before it
+        return {
+            "state": c.state,
+            "reason": c.reason,
+            "refusal": dict(c.refusal),
+            "ledgers": ledgers,
+        }
 
     async def standardize(self, center: list[float], scale: list[float], gamma: float) -> None:
         """Hash standardised features from now on (before ``run``; see Curator.standardize)."""
@@ -243,7 +252,7 @@ class CuratorActor:
         else:
             first = curator.resume() if self._resumed else curator.start()
         self._checkpoint()
-        transport = RayTransport(handles, faults)
+        transport = RayTransport(handles, faults, reachable=gateways_reachable(handles))
         self._transport = transport
         await transport.drive(
             curator, first, lambda: curator.state in ("done", "refused"), self._on_step

@@ -40,6 +40,7 @@ __all__ = [
     "DcaHub",
     "DcaUnavailable",
     "charge_at_floor",
+    "error_line",
     "moments_sensitivity",
     "result_from_record",
     "result_record",
@@ -66,6 +67,9 @@ class DcaHub:
         self.guard = ReplayGuard()
         self.errors: list[str] = []
         self.absent: dict[int, list[str]] = {}
+        # owners whose set-up or roster failed: absent from every round of the session, so
+        # counted against T before any round opens (actors/parties/securephase_journal.py)
+        self.unready: dict[str, str] = {}
 
     async def route(self, frames: list[bytes]) -> None:
         """Deliver frames (and everything they cause) until nothing is left in flight."""
@@ -109,6 +113,9 @@ class DcaHub:
         keys = dict(zip(self.nodes, answers, strict=True))
         calls = [h.dca_setup.remote(o, self.config, keys) for o, h in self.owners.items()]
         frames = await asyncio.gather(*calls, return_exceptions=True)
+        for owner, reply in zip(self.owners, frames, strict=True):
+            if isinstance(reply, BaseException):
+                self.unready[owner] = f"set-up failed ({error_line(reply)})"
         await self.route(
             [f for reply in frames if not isinstance(reply, BaseException) for f in reply]
         )
@@ -136,6 +143,7 @@ class DcaHub:
         ):
             if isinstance(reply, BaseException):
                 self.errors.append(f"{owner}: roster refused ({type(reply).__name__})")
+                self.unready.setdefault(owner, f"roster refused ({error_line(reply)})")
 
     async def round(
         self, spec: RoundSpec, what: str, options: dict[str, Any], timeout: float
@@ -174,6 +182,15 @@ class DcaHub:
             if self.aggregator.result(spec.round) is None:
                 await asyncio.sleep(0.05)
         return result
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception's type and its first line (a Ray task error carries the remote traceback
+    below it: never printed)."""
+    cause = getattr(exc, "cause", None)
+    exc = cause if isinstance(cause, BaseException) else exc
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def record_for_owners(

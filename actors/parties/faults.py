@@ -114,16 +114,8 @@ def fault_verdicts(
                 "detail": when_lost.format(lost[owner]) if seen else otherwise,
             }
         )
-    for node in faults.kill_compute:
-        out.append(
-            {
-                "fault": "compute node killed",
-                "party": node,
-                "verdict": "tolerated",
-                "detail": f"secure sums: {_secure_outcome(secure)} (a round without every "
-                "compute node releases nothing and charges nothing); the summary went on",
-            }
-        )
+    # a killed compute node (``kill_compute``) stops the purchase before any round opens: a
+    # refused run (exit 3, its own report: actors/run/stopped.py), never a verdict here
     if faults.kill_curator_at is not None:
         restarts = int(payload.get("curator_restarts", 0))
         out.append(

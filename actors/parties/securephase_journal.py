@@ -215,6 +215,23 @@ async def _journaled_round(
     return result
 
 
+def _short_before_rounds(hub: DcaHub, config: DcaConfig) -> RoundResult | None:
+    """The owners that cannot take part in any round of the session (their set-up or roster
+    failed: absent, declined, unverifiable; ``DcaHub.unready``) with the known colluders, when
+    they exceed T: an ``insufficient`` result that opens nothing, so the run stops before the
+    first round is offered to anyone and no owner pays for a round that cannot release."""
+    unready = sorted(hub.unready)
+    counted = set(unready) | set(config.colluders)
+    if not unready or len(counted) <= config.tolerance:
+        return None  # colluders alone: the aggregator refuses the round before sending it
+    why = ", ".join(f"{o}: {hub.unready[o]}" for o in unready)
+    reason = (
+        f"{len(counted)} owners cannot take part (T = {config.tolerance}; colluders "
+        f"{sorted(config.colluders)}): {why}; no round was opened"
+    )
+    return RoundResult(0, "insufficient", reason, None, None, (), tuple(unready), 0.0, 0.0)
+
+
 async def run_secure_phases(
     host: SecureHost,
     nodes: dict[str, Any],
@@ -239,9 +256,18 @@ async def run_secure_phases(
     if not session_ready:
         try:
             await hub.setup()
-        except DcaUnavailable as exc:  # nothing was released, nothing is charged
+        except DcaUnavailable as exc:  # a compute node missing: stop before any round opens
             failed = {"status": "failed", "reason": str(exc)}
-            return {"normalise": failed, "scan": failed, "errors": [str(exc)]}
+            stop = RoundResult(0, "failed", str(exc), None, None, (), (), 0.0, 0.0)
+            refused = host.refuse(stop, "secure sum: set-up")
+            return {"normalise": failed, "scan": failed, "errors": [str(exc)]} | (
+                {"refused": refused} if refused is not None else {}
+            )
+        if (short := _short_before_rounds(hub, config)) is not None:
+            failed = {"status": "insufficient", "reason": short.reason}
+            return {"normalise": failed, "scan": failed, "unready": dict(hub.unready)} | {
+                "refused": host.refuse(short, "secure sum: set-up")
+            }
     k, timeout = int(plan["n_features"]), plan["timeout"]
     out: dict[str, Any] = {"nodes": list(config.nodes), "tolerance": config.tolerance,
                            "shares": config.shares}  # fmt: skip

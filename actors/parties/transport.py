@@ -14,7 +14,7 @@ loss, and its later frames are dropped unread.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from dpmarket.actors.parties.faults import FaultPlan
@@ -22,7 +22,14 @@ from dpmarket.protocol.wire.codec import Message, ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.protocol.wire.parties import Party
 
-__all__ = ["MAX_FAULTS", "FaultPlan", "LoopbackTransport", "RayTransport", "TransportStalled"]
+__all__ = [
+    "MAX_FAULTS",
+    "FaultPlan",
+    "LoopbackTransport",
+    "RayTransport",
+    "TransportStalled",
+    "gateways_reachable",
+]
 
 MAX_FAULTS = 3
 """Refused frames a sender may cause before it is expelled (lost) by the party it talks to."""
@@ -164,6 +171,11 @@ class RayTransport:
     it hosts, and is reported to the party at once through ``lose``; an owner that simply does
     not answer in time is dropped when the party's deadline fires.
     Late replies of an earlier phase are still handed to the party, which counts them as late.
+
+    ``reachable`` (optional): which parties can be reached again (remote owners whose link is
+    back: :func:`gateways_reachable`), asked at most every ``reach_every`` seconds and handed
+    to a party with ``returned`` (the curator takes a lost owner back from the next epoch);
+    a dead or expelled owner is never handed back.
     """
 
     def __init__(
@@ -172,6 +184,8 @@ class RayTransport:
         faults: FaultPlan | None = None,
         clock: Callable[[], float] | None = None,
         poll: float = 0.05,
+        reachable: Callable[[], Awaitable[set[str]]] | None = None,
+        reach_every: float = 1.0,
     ) -> None:
         import time
 
@@ -187,6 +201,8 @@ class RayTransport:
         self.frames_sent = 0
         self.bytes_sent = 0
         self.calls = 0
+        self.reachable, self.reach_every = reachable, reach_every
+        self._reach_at = 0.0
 
     async def drive(
         self,
@@ -205,6 +221,7 @@ class RayTransport:
         pending: dict[asyncio.Future[Any], Any] = {}  # call -> the actor handle it went to
         while not until():
             self._dispatch(outbox, pending)
+            await self._hand_back(party)
             outbox = list(party.expire(self.clock()))
             if on_step is not None:
                 on_step()
@@ -234,6 +251,20 @@ class RayTransport:
                 outbox.extend(self._receive(party, frames, hosted))
                 if on_step is not None:
                     on_step()
+
+    async def _hand_back(self, party: Any) -> None:
+        """Tell ``party`` which lost parties are reachable again (class docstring)."""
+        if self.reachable is None or not hasattr(party, "returned"):
+            return
+        if self.clock() < self._reach_at:
+            return
+        self._reach_at = self.clock() + self.reach_every
+        try:
+            back = await self.reachable()
+        except Exception as exc:  # the gateway gone: its parties are the run's concern
+            self.errors.append(("reachable", f"{type(exc).__name__}: {exc}"))
+            return
+        party.returned(set(back) - self.dead - self.counter.expelled)
 
     def _dispatch(self, outbox: list[Message], pending: dict[Any, Any]) -> None:
         """Encode the outbox and send it as one call per actor (co-located owners share one)."""
@@ -281,3 +312,24 @@ class RayTransport:
             except RemoteProtocolError as exc:
                 out.extend(self.counter.fault(party, senders, str(exc)))
         return out
+
+
+def gateways_reachable(handles: dict[str, Any]) -> Callable[[], Awaitable[set[str]]] | None:
+    """For :class:`RayTransport`'s ``reachable``: the parties connected to the gateways behind
+    the remote stand-ins among ``handles`` (a stand-in carries its ``gateway``:
+    actors/remote/handles.py; an actor handle has none), or None without remote parties."""
+    gateways: dict[int, Any] = {}
+    for handle in handles.values():
+        gateway = getattr(handle, "gateway", None) if hasattr(handle, "party") else None
+        if gateway is not None:
+            gateways[id(gateway)] = gateway
+    if not gateways:
+        return None
+
+    async def reachable() -> set[str]:
+        names: set[str] = set()
+        for gateway in gateways.values():
+            names |= set(await gateway.reachable.remote())
+        return names
+
+    return reachable

@@ -6,7 +6,10 @@ certificate (mutual TLS), then one ``Connect`` stream (actors/remote/channel.py)
 frame is ``agent.hello``; after that it answers each ``agent.call`` in order with an
 ``agent.reply`` (the party's :class:`Dispatcher` decides), until the market's ``agent.end``.
 Frames from the market are decoded with the codec's limits and a replay guard fresh per
-connection; a frame the agent cannot accept is answered with an error, never acted on.
+connection; a frame the agent cannot accept is answered with an error, never acted on. A call
+the market sends again after a broken stream carries the token it had (``CallBody.token``): the
+agent keeps its last :data:`ANSWERED` replies by token, across connections, and answers a token
+it already answered with the same reply, so a call runs at most once however often it is sent.
 
 A broken connection (market not up yet, connection cut, keepalive unanswered) is retried with
 exponential backoff and jitter (``backoff`` seconds doubling up to ``max_backoff``), for at
@@ -23,6 +26,7 @@ T-tolerance: the owner comes back for a resume), 1 gave up waiting.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import sys
 from collections.abc import Awaitable, Callable
@@ -43,6 +47,7 @@ from dpmarket.protocol.wire.parties import Outbox
 __all__ = ["Declined", "Dispatcher", "Link", "serve"]
 
 EXIT_FINISHED, EXIT_GAVE_UP, EXIT_REFUSED, EXIT_STOPPED = 0, 1, 2, 3
+ANSWERED = 64  # replies kept by token for calls sent again (module docstring)
 IDENTITY_CODES = (
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.PERMISSION_DENIED,
@@ -96,8 +101,9 @@ async def serve(
     """Hold the link until the market ends it; the exit code (module docstring)."""
     credentials = grpc.ssl_channel_credentials(link.ca, link.key, link.certificate)
     delay, waited = backoff, 0.0
+    answered: dict[str, ReplyBody] = {}  # token -> reply, across this agent's connections
     while True:
-        outcome = await _session(link, credentials, dispatch, software)
+        outcome = await _session(link, credentials, dispatch, software, answered)
         if isinstance(outcome, int):
             return outcome
         connected, reason = outcome
@@ -114,7 +120,11 @@ async def serve(
 
 
 async def _session(
-    link: Link, credentials: grpc.ChannelCredentials, dispatch: Dispatcher, software: str
+    link: Link,
+    credentials: grpc.ChannelCredentials,
+    dispatch: Dispatcher,
+    software: str,
+    answered: dict[str, ReplyBody],
 ) -> int | tuple[bool, str]:
     """One connection: an exit code when the agent is done, else (was it admitted, why it
     ended) for the retry loop."""
@@ -132,12 +142,14 @@ async def _session(
                 if not admitted:
                     admitted = True
                     say(link.party, f"joined market {link.market!r} at {link.address}")
-                reply = await _answer(link, dispatch, frame, guard)
+                reply = await _answer(link, dispatch, frame, guard, answered)
                 if isinstance(reply, int):
                     await call.done_writing()
                     return reply
                 if reply is not None:
                     await call.write(encode(out.make(GATEWAY, 0, reply)))
+        except asyncio.InvalidStateError:  # a reply for a stream that broke while it ran
+            return admitted, "the stream ended while a call was answered"
         except grpc.aio.AioRpcError as exc:
             details = exc.details() or ""
             if exc.code() in IDENTITY_CODES:
@@ -161,7 +173,11 @@ async def _session(
 
 
 async def _answer(
-    link: Link, dispatch: Dispatcher, frame: bytes, guard: ReplayGuard
+    link: Link,
+    dispatch: Dispatcher,
+    frame: bytes,
+    guard: ReplayGuard,
+    answered: dict[str, ReplyBody] | None = None,
 ) -> ReplyBody | int | None:
     """The reply to one frame from the market (None: nothing to send), or an exit code."""
     try:
@@ -174,6 +190,13 @@ async def _answer(
         say(link.party, f"refused a frame from {msg.sender!r} of run {msg.run!r}")
         return None
     if isinstance(body, EndBody):
+        if body.replaced:  # another process holds this party's certificate: never fight it
+            say(
+                link.party,
+                f"the market replaced this connection: {body.reason}; another agent runs with "
+                "this party's certificate (stopping)",
+            )
+            return EXIT_REFUSED
         if body.finished:
             say(link.party, f"the market has finished ({body.reason})")
             return EXIT_FINISHED
@@ -182,6 +205,18 @@ async def _answer(
     if not isinstance(body, CallBody):
         say(link.party, f"refused a {msg.kind} frame from the market")
         return None
+    answered = {} if answered is None else answered
+    if body.token and (earlier := answered.get(body.token)) is not None:
+        return dataclasses.replace(earlier, call=body.call)  # sent again: never run twice
+    reply = await _run_call(link, dispatch, body)
+    if body.token:
+        answered[body.token] = reply
+        while len(answered) > ANSWERED:
+            del answered[next(iter(answered))]
+    return reply
+
+
+async def _run_call(link: Link, dispatch: Dispatcher, body: CallBody) -> ReplyBody:
     try:
         args = read_args(link.role, body.method, body.args)
         result = await dispatch(body.method, args)

@@ -111,8 +111,14 @@ def open_channel(
     max_frame: int = MAX_FRAME_BYTES,
 ) -> grpc.aio.Channel:
     """A TLS channel to the market at ``address`` (``host:port``). ``server_name``, when given,
-    is the name the market's certificate must carry instead of the host in ``address``."""
+    is the name the market's certificate must carry instead of the host in ``address``.
+
+    Each channel has its own subchannel pool: gRPC otherwise shares one connection per address
+    across channels, with its reconnect backoff (growing to two minutes), so after a cut a new
+    channel would fail at once from the shared state long after the link is back; the agent's
+    own retry loop (actors/remote/agent.py) is the only backoff."""
     opts: list[tuple[str, int | str]] = list(options(max_frame))
+    opts.append(("grpc.use_local_subchannel_pool", 1))
     if server_name is not None:
         opts.append(("grpc.ssl_target_name_override", server_name))
     return grpc.aio.secure_channel(address, credentials, options=opts)

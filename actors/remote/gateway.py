@@ -5,7 +5,13 @@ the market's certificate and requires a client certificate signed by the market'
 (mutual TLS: a stranger's certificate, no certificate or plain TCP never reach this code). A
 connection is then admitted only if its certificate's SHA-256 fingerprint is the one the market
 config declares for a party and the agent's first frame, ``agent.hello``, names that party and
-its role: a valid certificate claiming another party's name is refused and logged. Every later
+its role: a valid certificate claiming another party's name is refused. Every refused
+connection the gateway's code sees, and every stream replaced by a newer one with the same
+certificate, is counted by (the name claimed, the certificate's fingerprint, the reason)
+(:meth:`Gateway.refusals`): the driver prints each as one line, rate-limited, and report.json
+lists them (actors/run/remote.py). A replaced stream's agent is told (``agent.end`` with
+``replaced``) before its stream closes. A TLS handshake the market's TLS refuses (a foreign
+CA, plain TCP) never reaches this code and is not counted. Every later
 frame must be an ``agent.reply`` to a call made on this connection (the codec's replay guard,
 fresh per connection, checks its sequence); anything else closes the connection.
 
@@ -15,12 +21,19 @@ the party's current stream and its reply, checked for its method (actors/remote/
 party not connected, one whose connection breaks while a call is in flight, or one that does not
 answer within ``call_timeout``, answers with its method's absent value (a lost party to the
 caller: counted against T at the next deadline); an agent that reconnects replaces its old
-stream and is called again from then on. :meth:`finish` tells every agent the market is over.
+stream and is called again from then on. A link that blinks costs nothing: a call to a party
+whose stream broke less than ``reconnect_grace`` seconds ago (the run's phase deadline) waits
+for it to come back within that grace and the call's timeout, and a call whose stream broke
+while it was in flight is sent again on the new stream under the same token (``CallBody.token``:
+the agent answers a token it already answered from its cache, so no call runs twice). A party
+that never joined, or left longer ago, answers absent at once. :meth:`finish` tells every agent
+the market is over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -55,8 +68,11 @@ class _Session:
     queue: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
     pending: dict[int, asyncio.Future[ReplyBody | None]] = field(default_factory=dict)
     calls: int = 0
+    fingerprint: str = ""
+    closed: bool = False
 
     def close(self) -> None:
+        self.closed = True
         self.queue.put_nowait(None)
         for fut in self.pending.values():
             if not fut.done():
@@ -75,8 +91,11 @@ class Gateway:
         client_ca: bytes,
         parties: dict[str, tuple[str, str]],
         call_timeout: float = 120.0,
+        reconnect_grace: float = 0.0,
     ) -> None:
-        """``parties``: name -> (role, certificate fingerprint) of every declared remote party."""
+        """``parties``: name -> (role, certificate fingerprint) of every declared remote party;
+        ``reconnect_grace``: seconds a call waits for a party whose stream broke to come back
+        (module docstring)."""
         for name, (role, _) in parties.items():
             if role not in ROLES:
                 raise ValueError(f"{name}: role {role!r} is not one of {ROLES}")
@@ -84,17 +103,32 @@ class Gateway:
         self._credentials = server_credentials(certificate, key, client_ca)
         self.parties = dict(parties)
         self._by_fingerprint = {fp: name for name, (_, fp) in parties.items()}
-        self.call_timeout = call_timeout
+        self.call_timeout, self.reconnect_grace = call_timeout, reconnect_grace
+        self._left: dict[str, float] = {}  # party -> when its last stream broke (monotonic)
+        self._took_offer: set[str] = set()  # owners whose last offer (begin) was accepted
+        self._tokens = 0
+        self._nonce = secrets.token_hex(8)  # a token of this gateway is never another's
         self._sessions: dict[str, _Session] = {}
         self._server: grpc.aio.Server | None = None
         self.port = 0
         self.log: list[dict[str, Any]] = []  # joins, leaves and refusals, in order
         self.errors: dict[str, list[str]] = {}
+        self._refused: list[dict[str, Any]] = []  # each refused or replaced connection, in order
 
     def _note(self, event: str, party: str | None, detail: str = "") -> None:
         self.log.append({"at": time.time(), "event": event, "party": party, "detail": detail})
         if event == "refused":
             print(f"dpmarket gateway: refused a connection: {detail}", file=sys.stderr, flush=True)
+
+    def _count(self, claimed: str | None, fp: str | None, reason: str, detail: str) -> None:
+        """One refused or replaced connection (module docstring)."""
+        self._refused.append(
+            {"claimed": claimed, "fingerprint": fp, "reason": reason, "detail": detail}
+        )
+
+    async def refusals(self, since: int = 0) -> tuple[int, list[dict[str, Any]]]:
+        """The refused or replaced connections from the ``since``-th on, and how many so far."""
+        return len(self._refused), [dict(r) for r in self._refused[since:]]
 
     async def start(self) -> int:
         """Listen (once); returns the bound port."""
@@ -116,32 +150,63 @@ class Gateway:
     async def connected(self) -> list[str]:
         return sorted(self._sessions)
 
+    async def reachable(self) -> list[str]:
+        """The parties connected now that took the current offer (a node takes none): a lost
+        owner among them may be asked again (actors/parties/transport.py)."""
+        owners = {p for p, (role, _) in self.parties.items() if role == "owner"}
+        return sorted(p for p in self._sessions if p not in owners or p in self._took_offer)
+
     async def report(self) -> dict[str, Any]:
         """Joins, leaves and refusals so far, and each party's call errors."""
         return {"log": list(self.log), "errors": dict(self.errors), "port": self.port}
+
+    async def _session_of(self, party: str, deadline: float) -> _Session | None:
+        """The party's open stream, or the one it comes back with within the reconnect grace
+        of its last break (and before ``deadline``); None: absent."""
+        while True:
+            session, now = self._sessions.get(party), time.monotonic()
+            if session is not None and not session.closed:
+                return session
+            left = now if session is not None else self._left.get(party)  # closing right now
+            if left is None or now >= min(left + self.reconnect_grace, deadline):
+                return None
+            await asyncio.sleep(0.05)
+
+    async def _call(self, party: str, method: str, packed: bytes) -> tuple[ReplyBody | None, str]:
+        """Send one call, again on a new stream if its stream breaks within the grace; the
+        reply (None: none) and why there is none."""
+        deadline = time.monotonic() + self.call_timeout
+        self._tokens += 1
+        token, why = f"{self._nonce}:{self._tokens}", "not connected"
+        while (session := await self._session_of(party, deadline)) is not None:
+            session.calls += 1
+            call = session.calls
+            fut: asyncio.Future[ReplyBody | None] = asyncio.get_running_loop().create_future()
+            session.pending[call] = fut
+            body = CallBody(call, method, packed, token=token)
+            session.queue.put_nowait(encode(session.outbox.make(party, 0, body)))
+            try:
+                reply = await asyncio.wait_for(fut, max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return None, f"no answer to {method} within {self.call_timeout:g} s"
+            finally:
+                session.pending.pop(call, None)
+            if reply is not None:
+                return reply, ""
+            why = "disconnected during the call"  # sent again if it comes back in the grace
+        return None, why
 
     async def invoke(self, party: str, method: str, args: tuple[Any, ...]) -> Any:
         """Call ``method`` of remote ``party`` through its stream (module docstring)."""
         role = self.parties[party][0]
         absent = ABSENT[(role, method)]  # KeyError: not a method a remote party has
-        session = self._sessions.get(party)
-        why = "not connected"
-        if session is not None:
-            session.calls += 1
-            call = session.calls
-            fut: asyncio.Future[ReplyBody | None] = asyncio.get_running_loop().create_future()
-            session.pending[call] = fut
-            body = CallBody(call, method, pack_call(role, method, args))
-            session.queue.put_nowait(encode(session.outbox.make(party, 0, body)))
-            try:
-                reply = await asyncio.wait_for(fut, self.call_timeout)
-            except TimeoutError:
-                reply, why = None, f"no answer to {method} within {self.call_timeout:g} s"
-            finally:
-                session.pending.pop(call, None)
-            if reply is None:
-                why = why if why != "not connected" else "disconnected during the call"
-            elif reply.declined:
+        reply, why = await self._call(party, method, pack_call(role, method, args))
+        if method == "begin" or (reply is not None and reply.declined):  # declined at any call
+            self._took_offer.discard(party)
+        if method == "begin" and reply is not None and not reply.declined and reply.error is None:
+            self._took_offer.add(party)
+        if reply is not None:
+            if reply.declined:
                 why = f"declined: {reply.error or 'its policy'}"
                 if method == "begin":  # the owner's reasons go into the run's report
                     self.errors.setdefault(party, []).append(why)
@@ -174,46 +239,60 @@ class Gateway:
             self._server = None
 
     # ------------------------------------------------------------------ one connection
-    async def _refuse(self, context: Any, code: grpc.StatusCode, detail: str) -> None:
+    async def _refuse(
+        self,
+        context: Any,
+        code: grpc.StatusCode,
+        detail: str,
+        seen: tuple[str | None, str | None, str] = (None, None, "refused"),
+    ) -> None:
+        """Refuse the connection; ``seen``: (the name claimed, the fingerprint, the reason)."""
         self._note("refused", None, detail)
+        self._count(*seen, detail)
         await context.abort(code, detail)
 
     async def _admit(self, requests: AsyncIterator[bytes], context: Any) -> _Session | None:
         """The party this connection is, from its certificate and its hello, or refused."""
         pem = peer_certificate(context)
         if pem is None:
-            await self._refuse(context, grpc.StatusCode.UNAUTHENTICATED, "no client certificate")
+            await self._refuse(
+                context, grpc.StatusCode.UNAUTHENTICATED, "no client certificate",
+                (None, None, "no client certificate"),
+            )  # fmt: skip
             return None
         fp = fingerprint(pem)
         party = self._by_fingerprint.get(fp)
+        guard = ReplayGuard()
+        try:  # the hello names what the connection claims, even under a stranger's certificate
+            first = await asyncio.wait_for(requests.__anext__(), HELLO_TIMEOUT)
+            hello = decode(first, guard)
+        except (TimeoutError, StopAsyncIteration, RemoteProtocolError) as exc:
+            detail = f"{party or fp}: no valid hello ({type(exc).__name__}: {exc})"
+            seen = (party, fp, "no valid hello")
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, detail, seen)
+            return None
+        claimed, body = hello.sender, hello.body
         if party is None:
             await self._refuse(
                 context,
                 grpc.StatusCode.UNAUTHENTICATED,
-                f"certificate {fp} is not declared for any party of market {self.market!r}",
+                f"certificate {fp} (claiming {claimed!r}) is not declared for any party of "
+                f"market {self.market!r}",
+                (claimed, fp, "certificate not declared"),
             )
             return None
         role = self.parties[party][0]
-        guard = ReplayGuard()
-        try:
-            first = await asyncio.wait_for(requests.__anext__(), HELLO_TIMEOUT)
-            hello = decode(first, guard)
-        except (TimeoutError, StopAsyncIteration, RemoteProtocolError) as exc:
-            detail = f"{party}: no valid hello ({type(exc).__name__}: {exc})"
-            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, detail)
-            return None
-        body = hello.body
         if not isinstance(body, HelloBody):
-            await self._refuse(
-                context, grpc.StatusCode.INVALID_ARGUMENT, f"{party}: first frame {hello.kind}"
-            )
+            detail = f"{party}: first frame {hello.kind}"
+            seen = (claimed, fp, "first frame not a hello")
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, detail, seen)
             return None
-        if hello.sender != party or body.role != role:
+        if claimed != party or body.role != role:
             await self._refuse(
                 context,
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"the certificate of {role} {party!r} ({fp}) claims to be {body.role} "
-                f"{hello.sender!r}",
+                f"the certificate of {role} {party!r} ({fp}) claims to be {body.role} {claimed!r}",
+                (claimed, fp, f"name claimed with the certificate of {party}"),
             )
             return None
         if hello.run != self.market or hello.recipient != GATEWAY:
@@ -221,9 +300,10 @@ class Gateway:
                 context,
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{party}: asked for market {hello.run!r}; this is market {self.market!r}",
+                (claimed, fp, "another market"),
             )
             return None
-        return _Session(party, role, Outbox(self.market, GATEWAY), guard)
+        return _Session(party, role, Outbox(self.market, GATEWAY), guard, fingerprint=fp)
 
     async def _connect(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         session = await self._admit(requests, context)
@@ -232,6 +312,12 @@ class Gateway:
         party = session.party
         old = self._sessions.get(party)
         if old is not None:  # a reconnection: the new stream replaces the old one
+            reason = "replaced by a newer stream with this party's certificate"
+            self._count(party, session.fingerprint, "stream replaced", f"{party}: {reason}")
+            # its agent is told why (a second agent with its certificate is running, or its
+            # own old stream, already dead, receives nothing), then the stream closes
+            end = EndBody(reason, finished=False, replaced=True)
+            old.queue.put_nowait(encode(old.outbox.make(party, 0, end)))
             old.close()
         self._sessions[party] = session
         self._note("joined", party, "rejoined" if old is not None else "")
@@ -244,6 +330,7 @@ class Gateway:
             session.close()
             if self._sessions.get(party) is session:
                 del self._sessions[party]
+                self._left[party] = time.monotonic()
                 self._note("left", party)
 
     async def _read(self, session: _Session, requests: AsyncIterator[bytes]) -> None:

@@ -53,9 +53,15 @@ from dpmarket.actors.run.phases import (
     summarise,
 )
 from dpmarket.actors.run.preflight import RunPlan, plan_run
-from dpmarket.actors.run.remote import finish_remote, offer_purchase, start_remote
+from dpmarket.actors.run.remote import (
+    finish_remote,
+    join_shortfall,
+    offer_purchase,
+    start_remote,
+)
 from dpmarket.actors.run.report import CONSUMER_REPORT, PUBLIC_REPORT
 from dpmarket.actors.run.spawn import OwnerInputs, RayMarket, spawn_market
+from dpmarket.actors.run.stopped import finished_report
 from dpmarket.actors.run.survivors import survivor_reports
 
 __all__ = [
@@ -132,6 +138,12 @@ def _drive(
         if remote is not None:
             market.remote_nodes = dict(remote.nodes)
             offer_purchase(remote, config, run_plan.params, prep, inputs.schema, ledger_run)
+            if snapshot is None:  # a resumed run's curator decides from its journal
+                payload = join_shortfall(remote, config, prep is not None)
+                if payload is not None:  # more than T gone before any round: stop, charge none
+                    payload["remote"] = remote.public()
+                    market.kill_all()
+                    return payload
         phases["spawn"] = time.perf_counter() - tick
         payload = _ingest_and_buy(
             config, inputs, market, prep, plan, journal, snapshot, ledger_run, attempt_dir, phases
@@ -209,7 +221,7 @@ def purchase(
     phases["normalise"] = time.perf_counter() - tick - phases["scan"]
     if "refused" in secure:  # a secure round short of T: nothing after it runs
         refused: dict[str, Any] = secure["refused"]
-        return refused
+        return refused | {"unready": secure.get("unready", {})}
     standard = standardize(config, owners, market, secure, snapshot)
     payload = summarise(config, market, plan, journal, snapshot)
     phases["epochs"] = float(payload.get("run_seconds", 0.0))
@@ -253,7 +265,7 @@ def run_market(
     out = resolve_out(config, out)
     checked = check_inputs(config) if config.source == "files" else None
     journal_dir = out / JOURNAL_DIR
-    if snapshot is None and (out / "report.json").exists():
+    if snapshot is None and finished_report(out):
         raise ConfigError(f"{out}: already holds a finished run (report.json); choose --out")
     if snapshot is None and _journaled_state(journal_dir) == "done":  # never bought twice
         raise ConfigError(
@@ -325,6 +337,8 @@ def _journaled_state(journal_dir: Path) -> str | None:
 def _finished_outcome(out: Path) -> MarketOutcome | None:
     """A run whose outputs are all written (report.json is written last: actors/run/report.py):
     its reports, exit 0, nothing run again; None when ``out`` holds no finished run."""
+    if not finished_report(out):  # none, or a stopped run's (exit 3): resume continues
+        return None
     try:
         public = json.loads((out / PUBLIC_REPORT).read_text(encoding="utf-8"))
         consumer = json.loads((out / CONSUMER_REPORT).read_text(encoding="utf-8"))

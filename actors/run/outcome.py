@@ -20,6 +20,7 @@ from dpmarket.actors.run.ingest import StreamWriter
 from dpmarket.actors.run.outputs import simulation_utility
 from dpmarket.actors.run.report import CONSUMER_REPORT, write_outputs
 from dpmarket.actors.run.spawn import OwnerInputs
+from dpmarket.actors.run.stopped import stopped_report, write_stopped_report
 from dpmarket.streams.records.files import Schema
 from dpmarket.streams.synthetic import Scenario
 
@@ -73,8 +74,9 @@ def market_outcome(
     timings: dict[str, float],
     attempt_dir: Path,
 ) -> MarketOutcome:
-    """A finished purchase's outputs in ``out``: exit 3 and nothing written when it was
-    refused, else the reports, summary files and the rejects per party."""
+    """A finished purchase's outputs in ``out``: exit 3 and the stopped run's report.json
+    (actors/run/stopped.py) when it was refused, else the reports, summary files and the
+    rejects per party."""
     if payload["state"] == "refused":
         refusal = payload.get("refusal", {})
         if refusal.get("curator_lost"):  # actors/run/phases.py curator_lost
@@ -87,7 +89,13 @@ def market_outcome(
             after = "nothing to resume: run again with at most T colluding or lost owners"
         else:
             after = f"resume with `dpmarket resume {out}` when the owners are back"
-        return MarketOutcome(EXIT_REFUSED, f"dpmarket: {payload['reason']}; {after}", None)
+        report = stopped_report(
+            config.public_record(), payload, list(inputs.owners.owners), config.delta,
+            config.faults.colluders, after,
+        )  # fmt: skip
+        write_stopped_report(out, report)  # a stopped run's: never a finished one's
+        message = f"dpmarket: {payload['reason']}; {after} (what happened: {out}/report.json)"
+        return MarketOutcome(EXIT_REFUSED, message, report)
     utility: dict[str, Any] = {}
     curves: dict[str, Any] = {}
     if inputs.scenario is not None:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from dpmarket.actors.config.market import MarketConfig
+from dpmarket.actors.parties.dca import error_line
 from dpmarket.actors.parties.dcaowner import OperatorTrust
 from dpmarket.actors.parties.faults import FaultPlan
 from dpmarket.actors.parties.securephase_journal import journaled_summary, secure_resumable
@@ -205,7 +206,14 @@ def secure_phases(
     if prep is None:
         if (done := journaled_summary(snapshot)) is not None:
             return done | {"resumed": "journaled before the driver restarted"}
-        return {"skipped": "disabled" if not config.secure["enabled"] else "resumed run"}
+        if not config.secure["enabled"]:  # the operator's explicit choice, said out loud
+            print(
+                "dpmarket: WARNING: secure phases off ([privacy].secure_phases = false): no "
+                "normalise, scan or standardisation in this run",
+                file=sys.stderr,
+            )
+            return {"skipped": "disabled ([privacy].secure_phases = false)"}
+        return {"skipped": "resumed run"}
     handles = spawn_nodes(prep, market)
     for name in config.faults.kill_compute:  # simulated compute-node crash
         if name in handles and not is_remote(handles[name]):
@@ -312,7 +320,7 @@ def spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
         try:
             ray.get(handle.begin.remote(dca, client_keys, prep.trust.plan, proofs))
         except ray.exceptions.RayTaskError as exc:  # absent: the session cannot start
-            print(f"dpmarket: {name}: {exc}", file=sys.stderr)
+            print(f"dpmarket: {name}: no session ({error_line(exc)})", file=sys.stderr)
         nodes[name] = handle
     return {name: nodes[name] for name in dca.nodes}
 
@@ -403,7 +411,8 @@ def summarise(
                 continue  # the run call reports the loss
             progress(
                 f"epoch {status['epoch']:>5}  summary {status['summary_size']:>5}/"
-                f"{config.summary_size}  lost {len(status['lost'])}"
+                f"{config.summary_size}  lost {len(status['lost'])}  "
+                f"absent {len(status.get('absent', []))}"
             )
     finally:
         print(file=sys.stderr)

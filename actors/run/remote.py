@@ -18,13 +18,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpmarket.actors.config.inputs import MarketConfig
+from dpmarket.actors.parties.dca import error_line
 from dpmarket.actors.remote.handles import RemoteHandle
 from dpmarket.actors.remote.tls import load_pem
+from dpmarket.actors.run.refusals import RefusalWatch
 from dpmarket.actors.run.spawn import actor_options
 from dpmarket.protocol.agents.records import record
 from dpmarket.streams.records.files import Schema
 
-__all__ = ["RemoteParties", "finish_remote", "offer_purchase", "start_remote"]
+__all__ = [
+    "RemoteParties",
+    "finish_remote",
+    "join_shortfall",
+    "offer_purchase",
+    "start_remote",
+]
 
 
 @dataclass
@@ -38,16 +46,34 @@ class RemoteParties:
     node_keys: dict[str, bytes | None] = field(default_factory=dict)  # None: not joined
     joined: dict[str, bool] = field(default_factory=dict)
     declined: dict[str, str] = field(default_factory=dict)
+    watch: RefusalWatch | None = None  # prints the gateway's refusals while the run goes on
+    refusals: list[dict[str, Any]] = field(default_factory=list)  # kinds and counts, at the end
+
+    def collect(self) -> None:
+        """Every kind of refusal so far with its count (the watch goes on: a run of
+        ``[[requests]]`` reports each request)."""
+        if self.watch is not None:
+            self.watch.poll(force=True)
+            self.refusals = self.watch.lines.entries()
+
+    def stop_watching(self) -> None:
+        if self.watch is not None:
+            self.refusals, self.watch = self.watch.stop(), None
 
     def public(self) -> dict[str, Any]:
         """For report.json: who joined, who declined and why, who never came (participation
-        is seen by every party anyway: README, "Across organisations")."""
-        return {
+        is seen by every party anyway: README, "Across organisations"), and each refused or
+        replaced connection with its count (actors/run/refusals.py)."""
+        self.collect()
+        public: dict[str, Any] = {
             "owners": sorted(self.owners),
             "nodes": sorted(self.nodes),
             "absent": sorted(p for p, ok in self.joined.items() if not ok),
             "declined": dict(sorted(self.declined.items())),
         }
+        if self.refusals:  # an optional key: present when a connection was refused or replaced
+            public["refusals"] = list(self.refusals)
+        return public
 
 
 def start_remote(config: MarketConfig) -> RemoteParties | None:
@@ -71,8 +97,10 @@ def start_remote(config: MarketConfig) -> RemoteParties | None:
         load_pem(remote.client_ca, "the CA of the agents' certificates"),
         remote.parties(),
         remote.call_timeout,
+        config.deadline_seconds,  # a link back within the phase deadline costs nothing
     )
     port = ray.get(gateway.start.remote())
+    watch = RefusalWatch(gateway).start()  # each refusal a line of this run's output
     host = remote.listen.rpartition(":")[0]
     print(
         f"dpmarket: waiting up to {remote.join_deadline:g} s for {len(remote.parties())} remote "
@@ -87,6 +115,7 @@ def start_remote(config: MarketConfig) -> RemoteParties | None:
         {o: RemoteHandle(gateway, o, "owner") for o in remote.owners},
         {n: RemoteHandle(gateway, n, "node") for n in remote.nodes},
         joined=joined,
+        watch=watch,
     )
     absent = sorted(p for p, ok in joined.items() if not ok)
     if absent:
@@ -97,7 +126,7 @@ def start_remote(config: MarketConfig) -> RemoteParties | None:
             try:
                 parties.node_keys[name] = ray.get(handle.public_key.remote())
             except ray.exceptions.RayTaskError as exc:
-                print(f"dpmarket: {name}: no public key ({exc})", file=sys.stderr)
+                print(f"dpmarket: {name}: no public key ({error_line(exc)})", file=sys.stderr)
     return parties
 
 
@@ -135,6 +164,51 @@ def offer_purchase(
         print(f"dpmarket: {owner} takes no part in this purchase: {why}", file=sys.stderr)
 
 
+def join_shortfall(
+    parties: RemoteParties, config: MarketConfig, secure: bool
+) -> dict[str, Any] | None:
+    """The refused payload of a purchase that cannot release anything, decided after the
+    joins and the offers and before any round opens (so nothing is released and no owner's
+    store is charged; nothing to resume: the same command run again starts cleanly): more than
+    T owners absent, declined or colluding, or, when the secure sums must run (``secure``), a
+    remote compute node that did not join or gave no key (the DCA needs every node). None when
+    the purchase can go on."""
+    absent = [o for o in parties.owners if not parties.joined.get(o)]
+    why = {o: "not joined by the deadline" for o in absent}
+    why |= {o: f"declined: {r}" for o, r in parties.declined.items() if o not in why}
+    colluders = sorted(set(config.faults.colluders) - set(why))
+    missing_nodes = sorted(n for n, key in parties.node_keys.items() if key is None)
+    lost = sorted(why)
+    if secure and missing_nodes:
+        reason = (
+            f"compute nodes missing when the secure sums must start: {missing_nodes} (the "
+            "secure sum needs every node)"
+        )
+    elif len(lost) + len(colluders) > config.tolerance:
+        named = "; ".join(
+            [f"{o}: {why[o]}" for o in lost] + [f"colluders {colluders}"] * bool(colluders)
+        )
+        reason = (
+            f"{len(lost) + len(colluders)} owners cannot take part, more than T = "
+            f"{config.tolerance} ({named})"
+        )
+    else:
+        return None
+    return {
+        "state": "refused",
+        "reason": f"refused before any release (join): {reason}; no release was made",
+        "refusal": {
+            "epoch": 0,
+            "phase": "join",
+            "lost": lost,
+            "nodes": missing_nodes,
+            "colluders": colluders,
+            "tolerance": config.tolerance,
+            "before_start": True,
+        },
+    }
+
+
 def schema_record(schema: Schema) -> dict[str, Any]:
     return {
         "n_features": schema.n_features,
@@ -151,6 +225,7 @@ def finish_remote(parties: RemoteParties | None, finished: bool, reason: str) ->
 
     if parties is None:
         return
+    parties.stop_watching()
     try:
         ray.get(parties.gateway.finish.remote(reason, finished), timeout=30)
     except (ray.exceptions.RayError, TimeoutError) as exc:

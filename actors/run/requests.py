@@ -60,6 +60,7 @@ from dpmarket.actors.run.phases import gather_alive, prepare_secure
 from dpmarket.actors.run.preflight import RunPlan, plan_run
 from dpmarket.actors.run.remote import RemoteParties, finish_remote, offer_purchase, start_remote
 from dpmarket.actors.run.spawn import RayMarket, curator_spawner, spawn_owners, unique_actors
+from dpmarket.actors.run.stopped import finished_report
 
 __all__ = ["INDEX", "run_requests"]
 
@@ -165,7 +166,7 @@ def run_requests(
 def _earlier(config: MarketConfig, out: Path) -> dict[str, dict[str, Any]]:
     """The requests of ``config`` that an earlier run into ``out`` completed (their index
     entries): they are not bought again. A single run's outputs in ``out`` are refused."""
-    if (out / "report.json").exists():
+    if finished_report(out):
         raise ConfigError(f"{out}: already holds a finished run (report.json); choose --out")
     try:
         entries = json.loads((out / INDEX).read_text(encoding="utf-8"))["requests"]

@@ -40,6 +40,10 @@ class CallBody(Body):
     call: Count
     method: str
     args: bytes
+    # the same call sent again on a later connection of the same party carries the same token
+    # (empty: never sent again); an agent that already answered that token answers it with the
+    # same reply without running the call again (at most once: actors/remote/agent.py)
+    token: str = ""
 
 
 @register("agent.reply")
@@ -62,3 +66,6 @@ class EndBody(Body):
 
     reason: str
     finished: bool = True
+    # the market closed this stream because a newer one with the same certificate replaced
+    # it (another agent runs as this party): the agent stops, exit 2 (added with a default)
+    replaced: bool = False

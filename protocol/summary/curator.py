@@ -111,6 +111,7 @@ class Curator(EpochCycle):
         self.epoch = _Epoch(0, np.zeros(params.d), 0)
         self.reason = ""
         self.lost: dict[str, int] = {}  # owner -> epoch at which it missed a deadline
+        self.back: set[str] = set()  # lost owners reachable again: live from the next epoch
         self.refusal: dict[str, object] = {}
         self.checkpoint_due = False  # a release or an auction happened: journal the state now
         self._table: dict[tuple[str, str], Handler] = {
@@ -204,6 +205,14 @@ class Curator(EpochCycle):
             )
         return dispatch(self.name, self.run, self.state, self._table, msg)
 
+    def returned(self, owners: set[str]) -> None:
+        """``owners`` are reachable again (the runtime's word: a remote owner that took the
+        offer and whose link is back). Those of them that were lost are asked again from the
+        next epoch on (:meth:`_open_epoch`); T counts the owners absent from each epoch
+        (:meth:`lose`), so a returning owner no longer counts once it is back (and counts again
+        if it misses that epoch's deadline too)."""
+        self.back |= {o for o in owners if o in self.lost} - self.live
+
     def _is_late(self, msg: Message) -> bool:
         """An answer to a phase that has already closed (deadline passed or run finished)."""
         if self.state in ("done", "refused"):
@@ -239,8 +248,10 @@ class Curator(EpochCycle):
             self.dropped.append((ep.number, owner, phase))
             self.lost.setdefault(owner, ep.number)
         self.live -= owners
+        self.back -= owners
         budget = self.params.max_lost
-        if budget is not None and len(self.lost) + self.params.known_colluders > budget:
+        absent = set(self.owners) - self.live  # absent from this epoch (T counts per epoch)
+        if budget is not None and len(absent) + self.params.known_colluders > budget:
             return self._refuse(phase)
         if not self._all_answered():
             return []
@@ -249,7 +260,7 @@ class Curator(EpochCycle):
     def _refuse(self, phase: str) -> list[Message]:
         """More owners lost (plus known colluders) than T: stop before any further release."""
         ep, p = self.epoch, self.params
-        lost = sorted(self.lost)
+        lost = sorted(set(self.owners) - self.live)  # absent from this epoch
         self.refusal = {
             "epoch": ep.number,
             "phase": phase,
@@ -298,6 +309,7 @@ class Curator(EpochCycle):
         ep = self.epoch
         self.live, self.state, self.reason, self.refusal = set(self.owners), "bidding", "", {}
         self.lost.clear()
+        self.back.clear()
         ep.bids.clear()
         ep.passed.clear()
         ep.deadline = None

@@ -61,6 +61,7 @@ class EpochCycle(AllocationCycle):
     params: CuratorParams
     owners: list[str]
     live: set[str]
+    back: set[str]
     state: str
     reason: str
     epoch: _Epoch
@@ -98,6 +99,8 @@ class EpochCycle(AllocationCycle):
             return self._finish("allocation delivered")
         self.epoch = _Epoch(number, g_summary, len(self.provenance))
         self.state, self.checkpoint_due = "bidding", True
+        self.live |= self.back  # lost owners back again take part from this epoch on
+        self.back = set()
         return [self._out.make(o, number, self._epoch_message(o)) for o in sorted(self.live)]
 
     def _epoch_message(self, owner: str) -> EpochBody:

@@ -60,7 +60,9 @@ def test_budgets_outlive_a_run_and_declines_count_against_t(
     # second purchase on the same stores: every owner declines the normalise round (4 > T = 1)
     # and the run is refused before anything is released
     assert main(["run", str(config), "--out", str(tmp_path / "second"), *SMALL]) == 3
-    assert not (tmp_path / "second" / "report.json").exists()
+    stopped = json.loads((tmp_path / "second" / "report.json").read_text())  # exit 3's report
+    assert stopped["outcome"]["state"] == "refused"
+    assert all(c["pld"] == 0.0 for c in stopped["charged"].values())  # nothing released
     capsys.readouterr()
     assert main(["budget", str(stores), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)["owners"]
@@ -90,7 +92,8 @@ def test_a_consumer_over_its_cap_is_refused_before_anything_runs(tmp_path: Path)
     store.charge("earlier", "earlier", MechanismEvent("gaussian", (("sigma", 1.4),), 1.0))
     store.close()
     assert main(["run", str(config), "--out", str(tmp_path / "out"), *SMALL]) == 3
-    assert not (tmp_path / "out" / "report.json").exists()
+    stopped = json.loads((tmp_path / "out" / "report.json").read_text())  # exit 3's report
+    assert stopped["outcome"]["state"] == "refused"
     assert sorted(p.name for p in (tmp_path / "stores").iterdir()) == ["consumer.sqlite"]
     rows = read_store(tmp_path / "stores" / "consumer.sqlite")["rows"]
     assert [r["state"] for r in rows] == ["charged", "declined"]

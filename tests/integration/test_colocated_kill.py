@@ -48,7 +48,9 @@ def test_two_actors_killed_lose_eight_owners_above_t_and_resume_completes(
 ) -> None:
     out = tmp_path / "eight"
     assert _run(out, "{owner-2 = 3, owner-7 = 3}") == 3
-    assert sorted(p.name for p in out.iterdir()) == [".journal"]  # nothing partial
+    # nothing partial: the journal and the stopped run's report (exit 3)
+    assert sorted(p.name for p in out.iterdir()) == [".journal", "report.json"]
+    assert json.loads((out / "report.json").read_text())["outcome"]["state"] == "refused"
     snapshot = json.loads((out / ".journal" / "journal.json").read_text())
     assert snapshot["state"] == "refused"
     assert len(snapshot["refusal"]["lost"]) > 5  # owners counted, not the two actors

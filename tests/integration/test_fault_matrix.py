@@ -154,7 +154,9 @@ def test_owners_killed_from_outside(
         _check_ledgers(report, whole, set(killed))
         return
     assert code == 3, plan
-    assert sorted(p.name for p in out.iterdir()) == [".journal"]  # nothing partial
+    # nothing partial: the journal and the stopped run's report (exit 3)
+    assert sorted(p.name for p in out.iterdir()) == [".journal", "report.json"]
+    assert json.loads((out / "report.json").read_text())["outcome"]["state"] == "refused"
     snapshot = _journal(out)
     assert snapshot["state"] == "refused"
     if (snapshot.get("refusal") or {}).get("before_start"):

@@ -100,7 +100,9 @@ def test_up_to_t_owners_lost_is_tolerated(tmp_path: Path) -> None:
 def test_above_t_refuses_leaves_nothing_partial_and_resumes(tmp_path: Path) -> None:
     code, out = _run(tmp_path, "t2", "--set", "faults.kill={owner-2 = 3, owner-3 = 3}")
     assert code == 3
-    assert sorted(p.name for p in out.iterdir()) == [".journal"]  # no partial summary/report
+    # nothing partial: the journal and the stopped run's report (exit 3)
+    assert sorted(p.name for p in out.iterdir()) == [".journal", "report.json"]
+    assert json.loads((out / "report.json").read_text())["outcome"]["state"] == "refused"
     snapshot = json.loads((out / ".journal" / "journal.json").read_text())
     assert snapshot["state"] == "refused"
     assert main(["resume", str(out)]) == 0
@@ -123,15 +125,17 @@ def test_above_t_refuses_leaves_nothing_partial_and_resumes(tmp_path: Path) -> N
     assert [(e["label"], e["count"]) for e in events] == [("gaussian(validation mean)", 1)]
 
 
-def test_dead_compute_node_fails_the_secure_sums_but_not_the_run(tmp_path: Path) -> None:
+def test_dead_compute_node_stops_the_purchase_before_any_release(tmp_path: Path) -> None:
+    """A compute node missing when the secure sums must start (issue 38): exit 3 naming it,
+    before any round opens; nobody charged; report.json says so (never "complete" without the
+    secure phases)."""
     code, out = _run(tmp_path, "node", "--set", "faults.kill_compute=['compute-2']")
-    assert code == 0
+    assert code == 3
     report = json.loads((out / "report.json").read_text())
-    assert report["secure_phases"]["normalise"]["status"] == "failed"
-    events = report["privacy"]["parties"]["owner-1"]["events"]["events"]
-    assert not any("secure sum" in e["label"] for e in events)  # nothing released: no charge
-    [verdict] = report["faults"]["verdicts"]
-    assert verdict["verdict"] == "tolerated" and "normalise failed" in verdict["detail"]
+    assert report["outcome"]["state"] == "refused" and "compute-2" in report["outcome"]["reason"]
+    assert report["outcome"]["phase"] == "secure sum: set-up"
+    assert not report["outcome"]["resumable"] and not report["outcome"]["released_before"]
+    assert {c["pld"] for c in report["charged"].values()} == {0.0}  # nothing released
 
 
 def test_colluders_withhold_noise_and_the_sums_still_release(tmp_path: Path) -> None:
@@ -186,7 +190,9 @@ def test_colluders_above_t_refuse_before_any_secure_sum_is_charged(tmp_path: Pat
          "--set", "market.tolerance=1"]
     )  # fmt: skip
     assert code == 3
-    assert sorted(p.name for p in out.iterdir()) == [".journal"]
+    # nothing partial: the journal and the stopped run's report (exit 3)
+    assert sorted(p.name for p in out.iterdir()) == [".journal", "report.json"]
+    assert json.loads((out / "report.json").read_text())["outcome"]["state"] == "refused"
     snapshot = json.loads((out / ".journal" / "journal.json").read_text())
     assert snapshot["state"] == "refused" and snapshot["epoch"]["number"] == 0
     assert snapshot["refusal"]["phase"] == "secure sum: normalise"

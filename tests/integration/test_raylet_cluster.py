@@ -188,7 +188,8 @@ def test_raylet_loss_within_t_completes_above_t_refuses_and_resume_finishes(
     code, output, _ = _run_and_kill_site_b(raylets, tmp_path, files, "above", tolerance=1)
     assert code == 3, output[-3000:]
     assert "resume with `dpmarket resume" in output
-    assert not (tmp_path / "above" / "report.json").exists()
+    stopped = json.loads((tmp_path / "above" / "report.json").read_text())  # a stopped run's
+    assert stopped["outcome"]["state"] == "refused" and stopped["outcome"]["resumable"]
 
     raylets.add_node("site_b", {"site_b": 8}, num_cpus=1)  # the node is back
     job = _submit(raylets, tmp_path, "resume", "resume", str(tmp_path / "above"))

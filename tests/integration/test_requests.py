@@ -113,7 +113,8 @@ def test_requests_share_owner_actors_and_their_caps(
         n: json.loads((out / "requests" / n / "report.private.json").read_text())
         for n in ("r1", "r2")
     }
-    assert not (out / "requests" / "r3" / "report.json").exists()
+    stopped = json.loads((out / "requests" / "r3" / "report.json").read_text())
+    assert stopped["outcome"]["state"] == "refused"  # a stopped request's report only
     assert reports["r1"]["run"]["name"] == "reqs.r1" and reports["r2"]["run"]["name"] == "reqs.r2"
     for n in ("r1", "r2"):
         assert reports[n]["parsimony"]["summary_size"] == 8
