@@ -126,6 +126,7 @@ def consumer_refusal(
             f"the consumer's budget ({b.epsilon:g} at delta {b.delta:g}, {decision.spent:.4g} "
             "spent) does not admit this purchase's validation release"
         ),
+        "refusal": {"phase": "consumer budget", "before_start": True},  # nothing to resume
     }
 
 

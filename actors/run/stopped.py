@@ -39,11 +39,20 @@ def stopped_report(
     """The public report of a refused ``payload`` (module docstring); ``after``: what to do."""
     refusal = dict(payload.get("refusal") or {})
     ledgers = payload.get("ledgers") or {}
+    # a curator lost too often hands back no ledgers: what it charged is in its journal, so the
+    # report says it does not know rather than 0
+    known = "ledgers" in payload or not refusal.get("curator_lost")
     charged: dict[str, Any] = {}
     for owner in owners:
         raw = ledgers.get(owner)
         ledger = PrivacyLedger.from_dict(raw) if raw is not None else None
-        if ledger is None or not ledger.events:
+        if not known:
+            charged[owner] = {
+                "pld": None,
+                "releases": None,
+                "unknown": "the curator was lost: its journal holds its ledgers",
+            }
+        elif ledger is None or not ledger.events:
             charged[owner] = {"pld": 0.0, "releases": 0}
         else:
             labels = sorted({e.label for e in ledger.events})
@@ -61,7 +70,9 @@ def stopped_report(
             "reason": str(payload.get("reason", "the market stopped")),
             "phase": refusal.get("phase"),
             "epoch": refusal.get("epoch"),
-            "released_before": bool(any(c["releases"] for c in charged.values())),
+            "released_before": (
+                bool(any(c["releases"] for c in charged.values())) if known else None
+            ),
             "resumable": not refusal.get("before_start", False),
             "next": after,
         },
