@@ -291,7 +291,8 @@ def _one_request(
             for handle in [market.curator, *market.compute_nodes.values()]:
                 _kill(handle)
     timings = {"ingest_and_summarise": time.perf_counter() - tick}
-    if payload["state"] == "refused":
+    if payload["state"] == "refused":  # its stopped report (actors/run/stopped.py) in its OUT
         print(f"dpmarket: request {config.name}: refused: {payload['reason']}", file=sys.stderr)
-        return MarketOutcome(EXIT_REFUSED, f"refused: {payload['reason']}", None), pids
+        stopped = market_outcome(config, out, inputs, payload, ray_info, timings, attempt_dir)
+        return MarketOutcome(EXIT_REFUSED, f"refused: {payload['reason']}", stopped.report), pids
     return market_outcome(config, out, inputs, payload, ray_info, timings, attempt_dir), pids
