@@ -17,7 +17,8 @@ in turn, after every owner has read its files to their current end:
 3. a new curator (run ``RUN.NAME``, its journal in ``OUT/requests/NAME/.journal``) and compute
    nodes, the purchase itself (``purchase`` in actors/run/market.py), both killed after it;
 4. its outputs in ``OUT/requests/NAME`` exactly as a single run writes them in ``OUT``; a
-   refused request writes no report and the next request still runs.
+   refused request writes its stopped report.json (what happened, who was absent, what each
+   owner paid) and the next request still runs.
 
 Running the config again into the same ``OUT`` (after a crash, or to retry refused requests)
 buys only the requests not complete there; the complete ones keep their outputs and index

@@ -105,7 +105,7 @@ def test_requests_share_owner_actors_and_their_caps(
     assert len(set(index["owner_actors"].values())) == 2
     pids = [requests[n]["owner_pids"] for n in ("r1", "r2", "r3")]
     assert pids[0] == pids[1] == pids[2] and set(pids[0]) == set(OWNERS)
-    # the earlier requests' results are kept; the refused one wrote no report
+    # the earlier requests' results are kept; the refused one wrote only its stopped report
     reports = {
         n: json.loads((out / "requests" / n / "report.json").read_text()) for n in ("r1", "r2")
     }
