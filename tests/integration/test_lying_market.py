@@ -39,9 +39,16 @@ def test_a_market_understating_its_sensitivities_20x_gets_nothing(tmp_path: Path
         assert driver.wait(timeout=RUN) == 3  # every owner lost, T = 1: stopped short
         assert market.wait_agents(parties) == dict.fromkeys(parties, 3)  # told: stopped short
         market_log = market.log("market").read_text()
-        # the first round finds every owner absent: refused before any release
-        assert "dpmarket: refused at epoch 0 (secure sum: normalise): " in market_log
+        # every owner declined the offer: the market stops at the joins, before any round
+        assert "dpmarket: refused before any release (join): 4 owners cannot take part" in (
+            market_log
+        )
         assert "no release was made; nothing to resume" in market_log
+        stopped = json.loads((out / "report.json").read_text())  # a stopped run's report
+        assert stopped["outcome"]["state"] == "refused"
+        assert stopped["outcome"]["phase"] == "join"
+        assert stopped["faults"]["lost"] == market.owners
+        assert stopped["charged"] == {o: {"pld": 0.0, "releases": 0} for o in market.owners}
         for owner in market.owners:
             told = f"dpmarket: {owner} takes no part in this purchase: "
             (declined,) = [line for line in market_log.splitlines() if line.startswith(told)]
