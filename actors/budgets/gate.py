@@ -207,7 +207,7 @@ class OwnerGate:
                 self.declines.append(f"{release}: not priced")
                 raise BudgetDeclined(f"{self.owner}: round {spec.label!r} was never priced")
             sensitivity = price.charged
-            sigma = spec.sigma_std if price.ratio == 1.0 else spec.sigma_std * price.ratio
+            sigma = spec.sigma_std * price.ratio  # exactly the spec's at ratio 1
         return MechanismEvent(
             "gaussian", (("sigma", sigma),), sensitivity,
             neighbouring=spec.neighbouring, label=label,

@@ -212,7 +212,7 @@ def price_rounds(
             f"no share of noise the market does not know"
         )
         return {}, reasons
-    ratio = 1.0 if c == 1 else math.sqrt(honest / (k - t - 1))
+    ratio = math.sqrt(honest / (k - t - 1))  # exactly 1.0 at C = 1
     prices: dict[str, RoundPrice] = {}
     for label, planned in sorted(plan.rounds.items()):
         admitted = policy.rounds.get(label, 0)
@@ -269,8 +269,6 @@ def review(
     profile's and summary's noise multipliers (the curator's parameters; the owner's own code
     computes those releases' sensitivities)."""
     reasons = price_rounds(policy, plan, dca, n_features)[1]
-    if plan is not None and dca is None:
-        reasons.append("secure sum: a plan without a session")
     if params.neighbouring != policy.neighbouring:
         reasons.append(
             f"relation: the curator's parameters say {params.neighbouring!r}, this owner's is "
