@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	rm -rf out/demo
-	$(BIN)/dpmarket run configs/demo.toml --out out/demo
+	$(BIN)/dpmarket run configs/rare-target.toml --out out/demo
 
 evaluate: $(STAMP)
 	$(BIN)/dpmarket digits --config configs/evaluate.toml

@@ -47,9 +47,14 @@ def print_plan(plan: RunPlan) -> None:
             f"  {c.name:<18} {c.protects:<11} {_number(c.signal):>8} {_number(c.noise):>8} "
             f"{_number(c.snr):>6} {_number(c.epsilon, 4):>18}"
         )
+    if plan.normalise_skipped is not None:
+        print(plan.normalise_skipped)
     name, why = plan.recommendation
-    if name:
+    if name == plan.params.mechanism:
+        print(f"mechanism: {name}, the one the plan expects to do best: {why}")
+    elif name:
         print(f"mechanism: {plan.params.mechanism}; the plan expects {name} to do best: {why}")
+        print(f"  to follow it: {plan.follow}")
 
 
 def check_plan(strict: bool) -> Any:
@@ -215,8 +220,24 @@ def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None)
         print(line)
         if "note" in entry:
             print(f"  {party}: {entry['note']}")
-    for name, row in (consumer or {}).get("utility", {}).items():
-        print(f"utility {name:<8} MMD^2 {row['mmd2']:.5f}  LinearSVC {row['svm_accuracy']:.3f}")
+    utility = (consumer or {}).get("utility", {})
+    if utility:
+        print(
+            "utility on the harness's test set (simulation): the private summary; "
+            + (
+                f"random = {utility['random']['points']} points bought at random, then the "
+                "same exact selection; "
+                if "random" in utility
+                else ""
+            )
+            + "uniform = p points sampled uniformly; greedy = exact greedy over the whole pool"
+        )
+    ends = [utility.get(k, {}).get("mmd2") for k in ("uniform", "greedy")]
+    for name, row in utility.items():
+        line = f"utility {name:<8} MMD^2 {row['mmd2']:.5f}  LinearSVC {row['svm_accuracy']:.3f}"
+        if None not in ends and ends[0] > ends[1] and name in ("private", "random"):
+            line += f"  (closes {(ends[0] - row['mmd2']) / (ends[0] - ends[1]):.2f} of the gap)"
+        print(line)
     lost = report["faults"]["lost"]
     if lost:
         print(f"tolerated: owners lost {lost}")

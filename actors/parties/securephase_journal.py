@@ -155,7 +155,9 @@ def scan_summary(
     """Coverage of the validation set by the pool (see :func:`coverage_of`)."""
     if result.value is None or release is None:
         return {"status": result.status, "reason": result.reason}
-    total = float(moments.get("count", 1.0))
+    # the pool's size: the normalise round's DP count, or the sketch's own estimate (the
+    # same records, post-processing) when that round was not run
+    total = float(moments["count"]) if "count" in moments else release.estimated_size()
     return {
         "status": result.status,
         "coverage": coverage_of(release, validation, total),
@@ -274,13 +276,16 @@ async def run_secure_phases(
     # wall-clock seconds of the set-up and of each round (what every owner observes)
     seconds = out["seconds"] = {"setup": clock() - started}
     started = clock()
-    moments = await _journaled_round(
-        host, hub, rounds, "normalise", 1, "moments", rounds.options("normalise"), timeout
-    )
-    seconds["normalise"] = clock() - started
-    out["normalise"] = moments_summary(moments, k)
-    if (refused := host.refuse(moments, "secure sum: normalise")) is not None:
-        return out | {"refused": refused}
+    if "normalise" in rounds.rounds:
+        moments = await _journaled_round(
+            host, hub, rounds, "normalise", 1, "moments", rounds.options("normalise"), timeout
+        )
+        seconds["normalise"] = clock() - started
+        out["normalise"] = moments_summary(moments, k)
+        if (refused := host.refuse(moments, "secure sum: normalise")) is not None:
+            return out | {"refused": refused}
+    else:  # the plan predicted its release discarded (actors/run/preflight.py): not run
+        out["normalise"] = {"status": "skipped", "reason": str(plan.get("normalise_skipped"))}
     sk = plan["sketch"]
     started = clock()
     counters = await _journaled_round(host, hub, rounds, "scan", 2, "sketch", sk, timeout)

@@ -70,6 +70,7 @@ def prepare_secure(
     params: CuratorParams,
     snapshot: Any,
     remote_nodes: dict[str, bytes | None] | None = None,
+    normalise_skipped: str | None = None,
 ) -> SecurePrep | None:
     """The secure-sum session of a run, from the public config alone (None when the secure
     phases are off or the resumed journal holds them finished:
@@ -95,7 +96,11 @@ def prepare_secure(
     one gave over its authenticated stream (None: it never joined; it is pinned to a key
     nobody holds, so the session cannot start without it, as with a lost local node). They
     make their own keys; the local nodes are ``compute-1 ..`` for the rest of
-    ``compute_nodes``."""
+    ``compute_nodes``.
+
+    ``normalise_skipped``: the plan's line when it predicts the normalise release would be
+    discarded (actors/run/preflight.py ``discarded_normalise``, from public numbers only): the
+    round is left out of the plan, so no owner or node opens it and nobody is charged for it."""
     from dpmarket.protocol.securesum.driver import _auto_frac_bits
     from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
 
@@ -163,6 +168,8 @@ def prepare_secure(
         ),
         "scan": ("sketch", d_sketch, float(secure["eps_scan"]), sens_sketch, 1, sketch),
     }
+    if normalise_skipped is not None:  # not planned: never opened, never charged
+        del planned["normalise"]
     if refreshes:
         eps = float(secure["eps_refresh"])
         planned["refresh"] = ("sketch_delta", d_sketch, eps, sens_sketch, refreshes, sketch)
@@ -181,6 +188,7 @@ def prepare_secure(
         "timeout": max(2.0, config.deadline_seconds),
         "sketch": sketch,
         "neighbouring": record_relation(relation),  # every round's, as the plan's
+        "normalise_skipped": normalise_skipped,
     }
     behaviours = {o: "withhold" for o in config.faults.colluders}  # a simulated fault
     return SecurePrep(dca, node_keys, OperatorTrust(dca, pins, rounds, behaviours), plan)
@@ -346,6 +354,8 @@ def standardize(
         return {"applied": False, "reason": "resumed run: the journal holds the standardisation"}
     if not config.secure["standardize"] or normalise.get("status") != "released":
         reason = "disabled" if not config.secure["standardize"] else "no normalise release"
+        if normalise.get("status") == "skipped":
+            reason = f"no normalise round: {normalise['reason']}"
         return {"applied": False, "reason": reason}
     useful, why = standardisation_verdict(float(normalise["count"]), float(normalise["sigma"]))
     if not useful:  # decided from the DP release alone (post-processing)

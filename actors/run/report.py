@@ -90,8 +90,9 @@ Consumer's ``report.private.json`` (schema 2):
   the market with the consumer; never for another owner.
 - ``timings``: seconds of the harness's ``utility`` computation (simulation).
 - ``utility`` (simulation only, computed by the harness from data it generated, never by the
-  curator): MMD^2 to the test set and LinearSVC accuracy of the summary, exact greedy and
-  uniform sampling; the summary is the consumer's.
+  curator): MMD^2 to the test set and LinearSVC accuracy of the summary, of a random purchase
+  of as many points as the curator accessed followed by the same exact selection (``random``,
+  with its ``points``), of uniform sampling and of exact greedy; the summary is the consumer's.
 
 Aggregate counts. ``distinct_points``, ``total_transfers``, ``purchased_pool``, rho and the
 transport's frame and byte counts depend on the owners' data beyond any DP release: whether
