@@ -15,9 +15,10 @@ STANDARDIZE_MIN_SNR of its noise, so the standardisation would be skipped) is no
 (:func:`discarded_normalise`): the plan says why and what it saves, and the owners are charged
 nothing for it (no round, no event). ``[privacy].normalise_round = "always"`` spends it
 anyway. Privacy of that decision: it reads the config and the expected record count only,
-which is public under the run's replace-one relation (every owner's n_i is fixed by it) or a
-config value in a simulation; under add/remove with input files the count is not public, so
-the round runs (and the plan warns) rather than let its absence reveal the pool's size.
+which is a config value in a simulation and, for input files, public under the replace-one
+relation every files market runs under (each owner's n_i is fixed by it; add/remove is refused
+with files: actors/config/market.py), so whether the round runs reveals nothing the relation
+protects.
 """
 
 from __future__ import annotations
@@ -167,9 +168,9 @@ def discarded_normalise(
 ) -> tuple[bool, str] | None:
     """Whether the plan predicts the normalise release will be discarded, and the line that
     says so: (True, why) when the round is skipped, (False, why) when it is predicted useless
-    but runs (``[privacy].normalise_round = "always"``, remote owners whose counts the plan
-    does not know, or add/remove with input files: module docstring); None when it is useful
-    or does not run. Public inputs only: the config and the expected record count."""
+    but runs (``[privacy].normalise_round = "always"``, or remote owners whose counts the
+    plan does not know); None when it is useful or does not run. Public inputs only: the
+    config and the expected record count."""
     secure = config.secure
     if not (secure["enabled"] and secure["standardize"]):
         return None
@@ -191,11 +192,6 @@ def discarded_normalise(
         return False, (
             f"standardisation will likely be skipped: {why}; [privacy].normalise_round = "
             '"always" spends the round anyway'
-        )
-    if rel != "replace" and config.source == "files":
-        return False, (
-            f"standardisation will likely be skipped: {why}; the round runs: under "
-            "add_remove the files' record count is not public, so skipping would reveal it"
         )
     saved = f"eps {secure['eps_normalise']:g} at delta {config.delta:g}"
     return True, (
