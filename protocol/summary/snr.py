@@ -396,9 +396,9 @@ def recommend_mechanism(
         signal = f" (g_tilde's SNR is {snr:.2f}; the budget decides)" if snr is not None else ""
         return "random-select", (
             f"a budget of {budget} points = {factor:.1f} p >= {STEER_MAX_FACTOR:g} p{signal}: "
-            "a random purchase that large holds nearly what steering finds (within 0.1-0.3 of the gap "
-            f"where the consumer's target is rare, level elsewhere), with no summary release "
-            f"({pays})"
+            "a random purchase that large holds nearly what steering finds (within 0.1-0.3 of "
+            "the gap where the consumer's target is rare, level elsewhere), with no summary "
+            f"release ({pays})"
         )
     why = f"g_tilde's SNR is {snr:.2f}" if snr is not None else "(MWEM g_tilde: SNR not computed)"
     return "allocate-select", (
