@@ -45,15 +45,16 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# mypy --strict over the three packages as installed names (dpmarket.protocol, ...): a tree of
-# symlinks gives mypy the namespace the editable install maps at run time.
+# mypy --strict over the packages as installed names (dpmarket, dpmarket.protocol, ...): a
+# tree of symlinks gives mypy the layout the editable install maps at run time (the top-level
+# API's files, dpmarket/, beside the three folders mapped into it).
 typecheck: $(STAMP)
 	rm -rf .typecheck && mkdir -p .typecheck/dpmarket
+	ln -s ../../dpmarket/__init__.py ../../dpmarket/api.py ../../dpmarket/py.typed .typecheck/dpmarket/
 	ln -s ../../protocol .typecheck/dpmarket/protocol
 	ln -s ../../streams .typecheck/dpmarket/streams
 	ln -s ../../actors .typecheck/dpmarket/actors
-	cd .typecheck && ../$(BIN)/mypy --strict --config-file ../pyproject.toml \
-	  -p dpmarket.protocol -p dpmarket.streams -p dpmarket.actors
+	cd .typecheck && ../$(BIN)/mypy --strict --config-file ../pyproject.toml -p dpmarket
 
 bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/utility_digits.py --quick

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +53,15 @@ from dpmarket.protocol.summary.snr import (
     validation_check,
 )
 
-__all__ = ["NORMALISE_ROUNDS", "RunPlan", "discarded_normalise", "follow_advice", "plan_run"]
+__all__ = [
+    "NORMALISE_ROUNDS",
+    "RunPlan",
+    "check_plan",
+    "discarded_normalise",
+    "follow_advice",
+    "plan_lines",
+    "plan_run",
+]
 
 NORMALISE_ROUNDS = ("auto", "always")
 """``[privacy].normalise_round``: "auto" (the default) skips a normalise round whose release
@@ -109,8 +119,9 @@ def declared_range(config: MarketConfig) -> float | None:
         return None
     values: list[float] = []
     for key in ("lower", "upper"):
-        given = config.data.get(key)
-        values += [abs(float(v)) for v in (given if isinstance(given, list) else [given])]
+        given = config.data.get(key)  # a number or one per feature (checked when loaded)
+        values += [abs(float(v)) for v in (given if isinstance(given, list) else [given])
+                   if isinstance(v, int | float)]  # fmt: skip
     return max(values) if values else None
 
 
@@ -123,8 +134,8 @@ def _eps_for_sigma(target: float, delta: float, sensitivity: float) -> float | N
     for _ in range(100):  # sigma decreases in eps
         mid = math.sqrt(low * high)
         low, high = (mid, high) if gaussian_sigma(mid, delta, sensitivity) > target else (low, mid)
-    digits = 1 - math.floor(math.log10(high))
-    return math.ceil(high * 10**digits) / 10**digits
+    scale = 10.0 ** (1 - math.floor(math.log10(high)))
+    return float(math.ceil(high * scale) / scale)
 
 
 def normalise_advice(
@@ -366,3 +377,54 @@ def steering_check(config: MarketConfig, gamma: float, m: int) -> ReleaseCheck:
     kept = {k: v for k, v in config.overrides.items() if k == "eps_validation"}
     steered = dataclasses.replace(config, overrides=kept | {"mechanism": "allocate-select"})
     return validation_check(steered.curator_params(gamma, m), m, config.delta)
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.{digits}g}"
+
+
+def plan_lines(plan: RunPlan) -> list[str]:
+    """The plan as ``dpmarket run`` prints it: each release's expected signal, noise,
+    signal-to-noise and cost, a skipped normalise round, and the mechanism the plan expects to
+    do best with the flags that select it."""
+    delta = plan.checks[0].delta if plan.checks else 0.0
+    lines = [
+        f"releases (m = {plan.m}, about {plan.records:.0f} pooled records):",
+        f"  {'release':<18} {'protects':<11} {'signal':>8} {'noise':>8} {'SNR':>6}"
+        f" {f'eps (delta {delta:g})':>18}",
+    ]
+    for c in plan.checks:
+        lines.append(
+            f"  {c.name:<18} {c.protects:<11} {_number(c.signal):>8} {_number(c.noise):>8} "
+            f"{_number(c.snr):>6} {_number(c.epsilon, 4):>18}"
+        )
+    if plan.normalise_skipped is not None:
+        lines.append(plan.normalise_skipped)
+    name, why = plan.recommendation
+    if name == plan.params.mechanism:
+        lines.append(f"mechanism: {name}, the one the plan expects to do best: {why}")
+    elif name:
+        lines.append(
+            f"mechanism: {plan.params.mechanism}; the plan expects {name} to do best: {why}"
+        )
+        lines.append(f"  to follow it: {plan.follow}")
+    return lines
+
+
+def check_plan(strict: bool, echo: bool = True) -> Callable[[RunPlan], None]:
+    """A run's ``before_start``: print the plan (``echo``) and its warnings; with ``strict``
+    refuse (ConfigError, before anything starts) on a warning."""
+
+    def check(plan: RunPlan) -> None:
+        if echo:
+            print("\n".join(plan_lines(plan)))
+        if echo and plan.unbounded is not None:
+            print(f"dpmarket: WARNING: {plan.unbounded} (named in [summary])", file=sys.stderr)
+        for warning in plan.warnings if echo else ():
+            print(f"dpmarket: WARNING: {warning}", file=sys.stderr)
+        if strict and plan.warnings:
+            raise ConfigError(f"--strict: refused before any release: {'; '.join(plan.warnings)}")
+
+    return check
