@@ -23,6 +23,7 @@ from dpmarket.actors.parties.dcaowner import OperatorTrust
 from dpmarket.actors.parties.faults import FaultPlan
 from dpmarket.actors.parties.securephase_journal import journaled_summary, secure_resumable
 from dpmarket.actors.remote.handles import is_remote
+from dpmarket.actors.run.preflight import expected_records
 from dpmarket.actors.run.spawn import OwnerInputs, RayMarket, actor_options, unique_actors
 from dpmarket.protocol.privacy.ledger import record_relation
 from dpmarket.protocol.securesum.plan import SecureSumPlan
@@ -362,7 +363,12 @@ def standardize(
         print(f"dpmarket: WARNING: standardisation skipped: {why}", file=sys.stderr)
         return {"applied": False, "reason": why}
     bound = float(config.data.get("bound", 10.0))
-    result = standardisation_of(normalise, bound, inputs.seed_set, config.data.get("gamma"))
+    records = expected_records(
+        inputs, config.data.get("files") if config.source == "files" else None
+    )
+    result = standardisation_of(
+        normalise, bound, inputs.seed_set, config.data.get("gamma"), records
+    )
     ray.get(
         market.curator.standardize.remote(list(result.center), list(result.scale), result.gamma)
     )
@@ -370,10 +376,11 @@ def standardize(
 
 
 def standardisation_of(
-    normalise: dict[str, Any], bound: float, seed_set: Any, gamma: Any
+    normalise: dict[str, Any], bound: float, seed_set: Any, gamma: Any, records: float = 0.0
 ) -> Standardisation:
     """The per-feature standardisation from a released normalise summary (``moments_summary``)
-    and the public seed set; ``gamma`` (the config's ``[data].gamma``) fixes the kernel width."""
+    and the public seed set; ``gamma`` (the config's ``[data].gamma``) fixes the kernel width;
+    ``records`` the public pool size the plan read (0: the DP count decides)."""
     return standardisation(
         normalise["mean"],
         normalise["std"],
@@ -382,6 +389,7 @@ def standardisation_of(
         bound,
         seed_set,
         None if gamma is None else float(gamma),
+        records or None,
     )
 
 

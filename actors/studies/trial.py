@@ -207,7 +207,10 @@ def _standardize(
     if not useful:
         return
     bound = float(config.data.get("bound", 10.0))
-    standard = standardisation_of(summary, bound, scenario.seed_set, config.data.get("gamma"))
+    records = float(sum(len(X) for X, _ in scenario.owners))  # n_points: public
+    standard = standardisation_of(
+        summary, bound, scenario.seed_set, config.data.get("gamma"), records
+    )
     curator.standardize(list(standard.center), list(standard.scale), standard.gamma)
 
 
