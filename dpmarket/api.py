@@ -129,21 +129,34 @@ def read_report(out: str | Path) -> MarketResult:
     consumer = None
     if (where / CONSUMER_REPORT).is_file():
         consumer = json.loads((where / CONSUMER_REPORT).read_text(encoding="utf-8"))
-    summary = None
-    if (where / "summary.npz").is_file():
-        with np.load(where / "summary.npz") as npz:
-            summary = Summary(
-                np.asarray(npz["features"], dtype=np.float64), npz["labels"], npz["owners"],
-                npz["tokens"], npz["epochs"], bool(npz["hashed"]),
-            )  # fmt: skip
-    parties = report.get("privacy", {}).get("parties", {})
-    charged = report.get("charged", {})  # a stopped run's report: what each owner paid
-    epsilon = {party: entry["pld"] for party, entry in (parties or charged).items()}
+    refused = report.get("outcome", {}).get("state") == "refused"
+    return MarketResult(
+        3 if refused else 0, "", where, report, consumer, _summary(where), _epsilon(report),
+        _paths(where),
+    )  # fmt: skip
+
+
+def _summary(out: Path) -> Summary | None:
+    if not (out / "summary.npz").is_file():
+        return None
+    with np.load(out / "summary.npz") as npz:
+        return Summary(
+            np.asarray(npz["features"], dtype=np.float64), npz["labels"], npz["owners"],
+            npz["tokens"], npz["epochs"], bool(npz["hashed"]),
+        )  # fmt: skip
+
+
+def _epsilon(report: dict[str, Any]) -> dict[str, float | str]:
+    """Each party's PLD epsilon: a finished run's ``privacy.parties``, a stopped run's
+    ``charged`` (what each owner paid)."""
+    parties = report.get("privacy", {}).get("parties") or report.get("charged") or {}
+    return {party: entry["pld"] for party, entry in parties.items()}
+
+
+def _paths(out: Path) -> dict[str, Path]:
     names = (PUBLIC_REPORT, CONSUMER_REPORT, "summary.csv", "summary.npz", "mmd_by_epoch.png",
              "privacy.png")  # fmt: skip
-    paths = {name: where / name for name in names if (where / name).is_file()}
-    refused = report.get("outcome", {}).get("state") == "refused"
-    return MarketResult(3 if refused else 0, "", where, report, consumer, summary, epsilon, paths)
+    return {name: out / name for name in names if (out / name).is_file()}
 
 
 def run_market(
@@ -195,10 +208,9 @@ def _result(outcome: MarketOutcome, out: Path, plan: RunPlan | None) -> MarketRe
             outcome.exit_code, outcome.message, out, {}, None, None, {}, {}, plan, requests,
             outcome.rejects,
         )  # fmt: skip
-    read = read_report(out)
     return MarketResult(
         outcome.exit_code, outcome.message, out, outcome.report, outcome.consumer_report,
-        read.summary, read.epsilon, read.paths, plan, requests, outcome.rejects,
+        _summary(out), _epsilon(outcome.report), _paths(out), plan, requests, outcome.rejects,
     )  # fmt: skip
 
 
