@@ -40,8 +40,8 @@ MARKET_EXTRA = {
     "pyarrow": "pyarrow",
 }
 # commands that need the market's runtime whatever their arguments (others may, for some
-# inputs: a digits scenario needs scikit-learn, a budget plot matplotlib; see _needs_market)
-MARKET_COMMANDS = frozenset({"run", "simulate", "resume", "digits", "evaluate"})
+# inputs: a budget plot needs matplotlib, regress's diabetes data scikit-learn; main says so)
+MARKET_COMMANDS = frozenset({"run", "simulate", "validate", "resume", "digits", "evaluate"})
 INSTALL_MARKET = "pip install 'dpmarket[market]'"
 
 
