@@ -153,7 +153,7 @@ def mixing_weights(
         raise ValueError("profiles and target must be finite vectors of one length")
     A = np.vstack([M, np.full((1, len(names)), _SUM_WEIGHT)])
     b = np.concatenate([g, [_SUM_WEIGHT]])
-    from scipy.optimize import nnls  # on use: scipy.optimize is 40 MB an owner need not hold
+    from scipy.optimize import nnls  # on use: its import is ~50 MB an owner need not hold
 
     w, _ = nnls(A, b)
     total = float(np.sum(w))
