@@ -58,11 +58,12 @@ def numba_installed() -> bool:
     global numba, _numba_missing, _flat_indices_jit
     if numba is None and not _numba_missing:
         try:
-            import numba
+            import numba as module
         except ImportError:
             _numba_missing = True
         else:  # the kernels below call it: compiled (or loaded from the cache) on first use
-            _flat_indices_jit = numba.njit(boundscheck=False, cache=True)(_flat_indices)
+            numba = module
+            _flat_indices_jit = module.njit(boundscheck=False, cache=True)(_flat_indices)
     return numba is not None
 
 
