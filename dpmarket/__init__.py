@@ -31,6 +31,8 @@ if TYPE_CHECKING:
         simulate,
     )
 
+INSTALL_MARKET = "pip install 'dpmarket[market]'"
+
 __all__ = [
     "ConfigError",
     "MarketConfig",
@@ -46,9 +48,19 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("dpmarket.api"), name)
-    raise AttributeError(f"module 'dpmarket' has no attribute {name!r}")
+    if name not in __all__:
+        raise AttributeError(f"module 'dpmarket' has no attribute {name!r}")
+    try:
+        api = importlib.import_module("dpmarket.api")
+    except ModuleNotFoundError as exc:  # an agent's install: no market runtime
+        if (exc.name or "dpmarket").split(".")[0] == "dpmarket":
+            raise
+        raise ImportError(  # the command's words (actors/commands/main.py INSTALL_MARKET)
+            f"dpmarket.{name} needs the market's runtime, which this install lacks "
+            f"({exc.name} not installed): {INSTALL_MARKET}",
+            name=exc.name,
+        ) from None
+    return getattr(api, name)
 
 
 def __dir__() -> list[str]:

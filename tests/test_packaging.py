@@ -67,10 +67,10 @@ def _optional(tree: ast.AST) -> set[int]:
 
 
 def _imported_modules() -> set[str]:
-    """Top-level names of every module imported anywhere in protocol/, streams/, actors/
-    (except optional ones, :func:`_optional`)."""
+    """Top-level names of every module imported anywhere in dpmarket/ (the Python API),
+    protocol/, streams/, actors/ (except optional ones, :func:`_optional`)."""
     found: set[str] = set()
-    for package in ("protocol", "streams", "actors"):
+    for package in ("dpmarket", "protocol", "streams", "actors"):
         for path in (ROOT / package).rglob("*.py"):
             tree = ast.parse(path.read_text(encoding="utf-8"))
             optional = _optional(tree)
@@ -212,3 +212,26 @@ print(json.dumps({{"code": code, "err": err.getvalue()}}))
         "err": "dpmarket budget: needs the market's runtime, which this install lacks "
         "(matplotlib not installed): pip install 'dpmarket[market]'\n",
     }
+
+
+def test_the_python_api_without_the_market_runtime_names_the_extra() -> None:
+    """``import dpmarket`` loads nothing of the market (its names load on first use); calling
+    one without the market's extra is an ImportError that names it (issue 40)."""
+    code = (
+        WITHOUT_MARKET
+        + f"""
+import json, sys
+import dpmarket
+loaded = [m for m in {NOT_IN_AGENTS!r} if sys.modules.get(m) is not None]
+try:
+    dpmarket.run_market
+    message = ""
+except ImportError as exc:
+    message = str(exc)
+print(json.dumps({{"loaded": loaded, "message": message}}))
+"""
+    )
+    out = _fresh(code)
+    assert out["loaded"] == []
+    assert "dpmarket.run_market needs the market's runtime" in str(out["message"])
+    assert cli.INSTALL_MARKET in str(out["message"])  # the command's words
