@@ -28,7 +28,11 @@ test: $(STAMP) lint typecheck unit
 check: $(STAMP) lint typecheck unit-fast
 
 # each part prints its slowest tests; benchmarks/RESULTS.md records the times per part
-PYTEST := $(BIN)/python -m pytest -q --durations=25
+# (benchmarks/suite_time.py). Each part runs in JOBS pytest-xdist workers, a test file per
+# worker at a time (module fixtures and the worker's shared local Ray are set up once per
+# file); JOBS=1 runs a part in one process, JOBS=auto one worker per core.
+JOBS ?= 2
+PYTEST := $(BIN)/python -m pytest -q --durations=25 -n $(JOBS) --dist loadfile
 
 # two processes: the Ray tests (local Ray instances, market runs) and the rest; one process
 # for all of them grew past the machine's memory (what Ray and the runs leave behind in the
