@@ -260,6 +260,8 @@ async def run_secure_phases(
             failed = {"status": "failed", "reason": str(exc)}
             stop = RoundResult(0, "failed", str(exc), None, None, (), (), 0.0, 0.0)
             refused = host.refuse(stop, "secure sum: set-up")
+            if refused is not None:  # the nodes named in the stopped report's faults
+                refused["refusal"] = dict(refused.get("refusal") or {}) | {"nodes": exc.nodes}
             return {"normalise": failed, "scan": failed, "errors": [str(exc)]} | (
                 {"refused": refused} if refused is not None else {}
             )
