@@ -4,14 +4,18 @@ A Ray actor on the driver's node (:data:`GatewayActor`) listens on the market's 
 the market's certificate and requires a client certificate signed by the market's client CA
 (mutual TLS: a stranger's certificate, no certificate or plain TCP never reach this code). A
 connection is then admitted only if its certificate's SHA-256 fingerprint is the one the market
-config declares for a party and the agent's first frame, ``agent.hello``, names that party and
-its role: a valid certificate claiming another party's name is refused. Every refused
-connection the gateway's code sees, and every stream replaced by a newer one with the same
-certificate, is counted by (the name claimed, the certificate's fingerprint, the reason)
-(:meth:`Gateway.refusals`): the driver prints each as one line, rate-limited, and report.json
-lists them (actors/run/remote.py). A replaced stream's agent is told (``agent.end`` with
-``replaced``) before its stream closes. A TLS handshake the market's TLS refuses (a foreign
-CA, plain TCP) never reaches this code and is not counted. Every later
+config declares for a party (checked before anything the connection sends is read: an
+undeclared certificate's hello is never read) and the agent's first frame, ``agent.hello``,
+names that party and its role: a valid certificate claiming another party's name is refused.
+Every refused connection the gateway's code sees, every stream replaced by a second concurrent
+one with the same certificate, and every party that dials in again after its stream ended
+(rejoined) is counted by kind, (the certificate's fingerprint, the reason), in a bounded table
+(actors/remote/refused.py, :meth:`Gateway.refusals`): the driver prints each kind, rate-limited,
+and report.json lists them (actors/run/remote.py). The same agent process dialling in again
+(its hello's ``instance``) rejoins even if its old stream has not been seen to end; another
+process's stream replaces the first, whose agent is told (``agent.end`` with ``replaced``)
+before its stream closes. A TLS handshake the market's TLS refuses (a foreign CA, plain TCP)
+never reaches this code and is not counted. Every later
 frame must be an ``agent.reply`` to a call made on this connection (the codec's replay guard,
 fresh per connection, checks its sequence); anything else closes the connection.
 
@@ -26,8 +30,10 @@ whose stream broke less than ``reconnect_grace`` seconds ago (the run's phase de
 for it to come back within that grace and the call's timeout, and a call whose stream broke
 while it was in flight is sent again on the new stream under the same token (``CallBody.token``:
 the agent answers a token it already answered from its cache, so no call runs twice). A party
-that never joined, or left longer ago, answers absent at once. :meth:`finish` tells every agent
-the market is over.
+that never joined, or left longer ago, answers absent at once. :meth:`reachable` names the
+parties a lost owner may be taken back among: connected, offer taken, and shown to be there (no
+call left unanswered on its stream since it last answered or dialled in). :meth:`finish` tells
+every agent the market is over.
 """
 
 from __future__ import annotations
