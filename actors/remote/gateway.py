@@ -292,11 +292,11 @@ class Gateway:
             )
             return None
         guard = ReplayGuard()
-        try:  # the hello names what the connection claims, even under a stranger's certificate
+        try:  # the hello: what a declared certificate's connection claims to be
             first = await asyncio.wait_for(requests.__anext__(), HELLO_TIMEOUT)
             hello = decode(first, guard)
         except (TimeoutError, StopAsyncIteration, RemoteProtocolError) as exc:
-            detail = f"{party or fp}: no valid hello ({type(exc).__name__}: {exc})"
+            detail = f"{party}: no valid hello ({type(exc).__name__}: {exc})"
             seen = (party, fp, "no valid hello")
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, detail, seen)
             return None
@@ -323,9 +323,8 @@ class Gateway:
                 (claimed, fp, "another market"),
             )
             return None
-        session = _Session(party, role, Outbox(self.market, GATEWAY), guard, fingerprint=fp)
-        session.instance = body.instance
-        return session
+        outbox = Outbox(self.market, GATEWAY)
+        return _Session(party, role, outbox, guard, fingerprint=fp, instance=body.instance)
 
     async def _connect(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         session = await self._admit(requests, context)
