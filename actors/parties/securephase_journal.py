@@ -217,7 +217,8 @@ async def _journaled_round(
 
 def _short_before_rounds(hub: DcaHub, config: DcaConfig) -> RoundResult | None:
     """The owners that cannot take part in any round of the session (their set-up or roster
-    failed: absent, declined, unverifiable; ``DcaHub.unready``) with the known colluders, when
+    failed: absent, declined, unverifiable; or a compute node refused their registration;
+    ``DcaHub.unready``) with the known colluders, when
     they exceed T: an ``insufficient`` result that opens nothing, so the run stops before the
     first round is offered to anyone and no owner pays for a round that cannot release."""
     unready = sorted(hub.unready)
