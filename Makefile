@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	  { echo "dpmarket needs Python >= 3.11 (found $(PYTHON))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[market,test,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -38,8 +38,7 @@ import grpc.aio
 
 from dpmarket.actors.remote.channel import open_channel, stream
 from dpmarket.actors.remote.control import pack_result, read_args
-from dpmarket.actors.remote.gateway import GATEWAY
-from dpmarket.protocol.agents.messages import CallBody, EndBody, HelloBody, ReplyBody
+from dpmarket.protocol.agents.messages import GATEWAY, CallBody, EndBody, HelloBody, ReplyBody
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.protocol.wire.parties import Outbox

@@ -53,14 +53,20 @@ from dpmarket.actors.remote.channel import peer_certificate, start_server
 from dpmarket.actors.remote.control import ABSENT, RAISE, AgentUnavailable, pack_call, read_result
 from dpmarket.actors.remote.refused import REJOINED, REPLACED, RefusalCounts
 from dpmarket.actors.remote.tls import fingerprint, server_credentials
-from dpmarket.protocol.agents.messages import ROLES, CallBody, EndBody, HelloBody, ReplyBody
+from dpmarket.protocol.agents.messages import (
+    GATEWAY,
+    ROLES,
+    CallBody,
+    EndBody,
+    HelloBody,
+    ReplyBody,
+)
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.protocol.wire.parties import Outbox
 
 __all__ = ["GATEWAY", "Gateway", "GatewayActor"]
 
-GATEWAY = "market"  # the gateway's name in frames (sender of calls, recipient of replies)
 HELLO_TIMEOUT = 10.0  # seconds an admitted connection has to say who it is
 
 

@@ -293,7 +293,7 @@ def spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     import ray
 
     from dpmarket.actors.cluster.placement import preflight_owners
-    from dpmarket.actors.parties.compute import ComputeNodeActor
+    from dpmarket.actors.parties.ray_actors import ComputeNodeActor
     from dpmarket.protocol.securesum.sealing import generate_keypair
 
     owners, dca = market.owners, prep.config

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from dpmarket.protocol.wire.checks import Count
 from dpmarket.protocol.wire.codec import Body, register
 
-__all__ = ["ROLES", "CallBody", "EndBody", "HelloBody", "ReplyBody"]
+__all__ = ["GATEWAY", "ROLES", "CallBody", "EndBody", "HelloBody", "ReplyBody"]
 
 ROLES = ("owner", "node")
+GATEWAY = "market"  # the gateway's name in frames (sender of calls, recipient of replies)
 
 
 @register("agent.hello")
