@@ -219,7 +219,8 @@ async def _journaled_round(
 
 def _short_before_rounds(hub: DcaHub, config: DcaConfig) -> RoundResult | None:
     """The owners that cannot take part in any round of the session (their set-up or roster
-    failed: absent, declined, unverifiable; ``DcaHub.unready``) with the known colluders, when
+    failed: absent, declined, unverifiable; or a compute node refused their registration;
+    ``DcaHub.unready``) with the known colluders, when
     they exceed T: an ``insufficient`` result that opens nothing, so the run stops before the
     first round is offered to anyone and no owner pays for a round that cannot release."""
     unready = sorted(hub.unready)
@@ -262,6 +263,8 @@ async def run_secure_phases(
             failed = {"status": "failed", "reason": str(exc)}
             stop = RoundResult(0, "failed", str(exc), None, None, (), (), 0.0, 0.0)
             refused = host.refuse(stop, "secure sum: set-up")
+            if refused is not None:  # the nodes named in the stopped report's faults
+                refused["refusal"] = dict(refused.get("refusal") or {}) | {"nodes": exc.nodes}
             return {"normalise": failed, "scan": failed, "errors": [str(exc)]} | (
                 {"refused": refused} if refused is not None else {}
             )

@@ -101,8 +101,9 @@ async def serve(
     credentials = grpc.ssl_channel_credentials(link.ca, link.key, link.certificate)
     delay, waited = backoff, 0.0
     answered: dict[str, ReplyBody] = {}  # token -> reply, across this agent's connections
+    instance = secrets.token_hex(8)  # this process on each of its connections (HelloBody)
     while True:
-        outcome = await _session(link, credentials, dispatch, software, answered)
+        outcome = await _session(link, credentials, dispatch, software, answered, instance)
         if isinstance(outcome, int):
             return outcome
         connected, reason = outcome
@@ -124,6 +125,7 @@ async def _session(
     dispatch: Dispatcher,
     software: str,
     answered: dict[str, ReplyBody],
+    instance: str = "",
 ) -> int | tuple[bool, str]:
     """One connection: an exit code when the agent is done, else (was it admitted, why it
     ended) for the retry loop."""
@@ -133,7 +135,7 @@ async def _session(
     async with open_channel(link.address, credentials, link.server_name) as channel:
         call = stream(channel)()
         try:
-            await call.write(encode(out.make(GATEWAY, 0, HelloBody(link.role, software))))
+            await call.write(encode(out.make(GATEWAY, 0, HelloBody(link.role, software, instance))))
             while True:
                 frame = await call.read()
                 if frame is grpc.aio.EOF:

@@ -30,6 +30,10 @@ class HelloBody(Body):
 
     role: str  # one of ROLES (the gateway refuses any other)
     software: str
+    # a token the agent process draws once and says on each of its connections (empty: not
+    # said): the gateway tells the same agent dialling in again (a blink) from a second agent
+    # with the same certificate (actors/remote/gateway.py)
+    instance: str = ""
 
 
 @register("agent.call")
