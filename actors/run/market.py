@@ -296,13 +296,17 @@ def run_market(
             "its ledger run is kept (nothing charged for it is charged again)",
             file=sys.stderr,
         )
+    # the ledger run first: a fresh run's new id is written before the earlier run's journal
+    # goes, so a run interrupted in between (hashing large owner files below) leaves no
+    # earlier id that a later start could take for its own (the earlier run's releases were
+    # charged under it; spending under it again would find them already paid)
+    ledger_run = ledger_run_id(journal_dir, snapshot is None and not rerun, config)
     if snapshot is None:  # a fresh run: no state of an earlier run in OUT may be resumed
         (journal_dir / "journal.json").unlink(missing_ok=True)  # first: then nothing to resume
         pool_file(journal_dir / "journal.json").unlink(missing_ok=True)
         (journal_dir / "config.toml").write_text(config.text, encoding="utf-8")  # for people
         (journal_dir / "config_path").write_text(str(Path(config.path).resolve()))
         journal_config(config, journal_dir)  # what resume restores (actors/config/journaled.py)
-    ledger_run = ledger_run_id(journal_dir, snapshot is None and not rerun, config)
     timings: dict[str, float] = {}
     phases: dict[str, float] = {}
     start = time.perf_counter()

@@ -231,3 +231,42 @@ def test_a_snapshot_with_a_release_or_an_opened_round_is_not_an_unreleased_start
     charged = snapshot | {"ledgers": snapshot["ledgers"] | {"owner-1": ledger.to_dict()}}
     (journal_dir / "journal.json").write_text(json.dumps(charged))
     assert not same_unreleased_start(journal_dir, config)
+
+
+def test_a_fresh_start_interrupted_before_its_journal_takes_no_earlier_ledger_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An earlier run into OUT released (its snapshot holds a charged ledger); the same
+    command starts afresh, deletes that snapshot and is interrupted while it journals its
+    configuration (hashing large owner files). The next start finds no snapshot and the same
+    configuration, so it takes the unreleased-start path: the ledger run it keeps must be the
+    interrupted start's new one, never the earlier run's, under which releases were charged
+    (spending under it again would find them paid)."""
+    from dpmarket.actors.run import market as market_module
+
+    path = _config(
+        tmp_path,
+        "",
+        '[consumer]\nledger = "stores/consumer.sqlite"\nbudget = {epsilon = 50.0, delta = 1e-5}',
+    )
+    out = tmp_path / "out"
+    journal_dir = out / ".journal"
+    config = _journal(load_market_config(path), out)
+    earlier = ledger_run_id(journal_dir, True, config)
+    ledger = PrivacyLedger("owner-1")
+    ledger.gaussian(1.0, 1.0, label="normalise (secure sum)", neighbouring=ADD_REMOVE)
+    released = {"state": "refused", "ledgers": {"owner-1": ledger.to_dict()}}
+    (journal_dir / "journal.json").write_text(json.dumps(released))
+    assert not same_unreleased_start(journal_dir, config)
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(market_module, "journal_config", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        market_module.run_market(load_market_config(path), out)
+    assert not (journal_dir / "journal.json").exists()  # the earlier snapshot is gone
+
+    again = _journal(load_market_config(path), out)  # the next start
+    rerun = same_unreleased_start(journal_dir, again)
+    assert ledger_run_id(journal_dir, not rerun, again) != earlier

@@ -10,6 +10,7 @@ import pytest
 
 from dpmarket.actors.budgets.reading import read_store
 from dpmarket.actors.commands.main import main
+from dpmarket.actors.parties.securephase_journal import SKIPPED_NORMALISE
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
@@ -46,6 +47,7 @@ def test_owners_pay_nothing_for_a_skipped_normalise_round(
     assert "normalise round skipped, each owner saves eps 0.5" in capsys.readouterr().out
     skipped, spent = reports["skip"]["secure_phases"], reports["always"]["secure_phases"]
     assert skipped["normalise"]["status"] == "skipped"
+    assert skipped["normalise"]["reason"] == SKIPPED_NORMALISE  # names no record count
     assert "no normalise round" in skipped["standardize"]["reason"]
     assert spent["normalise"]["status"] == "released"
     assert NORMALISE not in charges["skip"] and charges["always"][NORMALISE] == 1
