@@ -8,7 +8,7 @@ is killed (``_no_leftover_actors``), so the next test's run can take the same na
 and outputs live in each test's ``tmp_path``; ports are chosen free by the tests that open one.
 
 Tests of Ray's start-up, of raylets, of node kills and of the YAML start (test_cli_terminal,
-test_raylet_cluster, test_multinode, test_placement, test_cluster_yaml_start) and the drivers
+test_raylet_cluster, test_placement, test_cluster_yaml_start) and the drivers
 killed with their own embedded Ray keep their own instance.
 """
 
