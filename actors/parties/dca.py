@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from dpmarket.protocol.wire.errors import RemoteProtocolError
 __all__ = [
     "DcaHub",
     "DcaUnavailable",
+    "OwnerAnswers",
     "charge_at_floor",
     "error_line",
     "moments_sensitivity",
@@ -49,6 +51,27 @@ __all__ = [
 
 class DcaUnavailable(RuntimeError):
     """A secure-sum session could not start (a compute node is unreachable): nothing released."""
+
+
+@dataclass(frozen=True)
+class OwnerAnswers:
+    """An owner host's answer to a batched call (``OwnerHost.for_owners``), owner by owner:
+    each owner's own result, or its own error line; one owner's failure leaves the others'."""
+
+    results: dict[str, Any]
+    errors: dict[str, str]
+
+
+Calls = dict[asyncio.Future[Any], list[str]]  # a call in flight -> the owners it answers for
+
+
+def _by_host(owners: dict[str, Any]) -> dict[Any, list[str]]:
+    """Owners grouped by the handle that hosts them (co-located owners share one; handles and
+    stand-ins hash by actor and by party), in the owners' order."""
+    hosts: dict[Any, list[str]] = {}
+    for owner, handle in owners.items():
+        hosts.setdefault(handle, []).append(owner)
+    return hosts
 
 
 class DcaHub:
@@ -111,14 +134,10 @@ class DcaHub:
         if dead:
             raise DcaUnavailable(f"compute nodes unreachable: {dead}")
         keys = dict(zip(self.nodes, answers, strict=True))
-        calls = [h.dca_setup.remote(o, self.config, keys) for o, h in self.owners.items()]
-        frames = await asyncio.gather(*calls, return_exceptions=True)
-        for owner, reply in zip(self.owners, frames, strict=True):
-            if isinstance(reply, BaseException):
-                self.unready[owner] = f"set-up failed ({error_line(reply)})"
-        await self.route(
-            [f for reply in frames if not isinstance(reply, BaseException) for f in reply]
-        )
+        frames, failed = await self.collect(self.ask("dca_setup", lambda o: (self.config, keys)))
+        for owner, line in failed.items():
+            self.unready[owner] = f"set-up failed ({line})"
+        await self.route([f for owner in self.owners if owner in frames for f in frames[owner]])
         await self.attest()
 
     async def attest(self) -> None:
@@ -137,13 +156,52 @@ class DcaHub:
             o: {n: part for n, a in per_node.items() if (part := owner_attestation(a, o))}
             for o in self.owners
         }
-        calls = [h.dca_roster.remote(o, parts[o]) for o, h in self.owners.items()]
-        for owner, reply in zip(
-            self.owners, await asyncio.gather(*calls, return_exceptions=True), strict=True
-        ):
-            if isinstance(reply, BaseException):
-                self.errors.append(f"{owner}: roster refused ({type(reply).__name__})")
-                self.unready.setdefault(owner, f"roster refused ({error_line(reply)})")
+        _, failed = await self.collect(self.ask("dca_roster", lambda o: (parts[o],)))
+        for owner in self.owners:
+            if owner in failed:
+                self.errors.append(f"{owner}: roster refused ({failed[owner].split(':')[0]})")
+                self.unready.setdefault(owner, f"roster refused ({failed[owner]})")
+
+    def ask(self, method: str, args: Callable[[str], tuple[Any, ...]]) -> Calls:
+        """Call ``method`` for every owner, one call per owner host: a host with several owners
+        (co-located in one actor) answers for all of them in one ``for_owners`` call, each
+        owner's answer computed with its own keys, ledger and gate as if asked alone
+        (actors/parties/owner.py); a host with one owner (a remote owner's stand-in, an owner
+        alone in its actor) gets the per-owner call. ``args(owner)``: that owner's arguments
+        after its name. Returns the calls in flight with the owners each answers for."""
+        calls: Calls = {}
+        for handle, owners in _by_host(self.owners).items():
+            if len(owners) == 1:
+                ref = getattr(handle, method).remote(owners[0], *args(owners[0]))
+            else:
+                ref = handle.for_owners.remote(method, {o: args(o) for o in owners})
+            calls[asyncio.ensure_future(ref)] = owners
+        return calls
+
+    async def collect(
+        self, calls: Calls, timeout: float | None = None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """The owners' answers to :meth:`ask`'s calls: (owner -> result, owner -> error line).
+        An owner whose host did not answer within ``timeout``, or whose host failed, is in the
+        errors with every owner of that host; an owner that failed inside a batch is there alone
+        (the batch's other owners keep their results)."""
+        if not calls:
+            return {}, {}
+        done, _ = await asyncio.wait(calls, timeout=timeout)
+        results: dict[str, Any] = {}
+        failed: dict[str, str] = {}
+        for call, owners in calls.items():
+            if call not in done:
+                failed.update({o: f"no answer within {timeout} s" for o in owners})
+            elif (exc := call.exception()) is not None:
+                failed.update({o: error_line(exc) for o in owners})
+            elif isinstance(answer := call.result(), OwnerAnswers):
+                results.update((o, r) for o, r in answer.results.items() if o in owners)
+                failed.update({o: answer.errors.get(o, "no answer") for o in owners
+                               if o not in answer.results})  # fmt: skip
+            else:
+                results[owners[0]] = answer
+        return results, failed
 
     async def round(
         self, spec: RoundSpec, what: str, options: dict[str, Any], timeout: float
@@ -155,21 +213,11 @@ class DcaHub:
         if refused is not None:
             self.absent[spec.round] = []
             return refused
-        owners = list(self.owners)
-        tasks = [
-            asyncio.ensure_future(self.owners[o].dca_contribute.remote(o, spec, what, options))
-            for o in owners
-        ]
+        calls = self.ask("dca_contribute", lambda o: (spec, what, options))
         await self.route(opened)  # while owners compute; nodes see the open before any share
-        done, _ = await asyncio.wait(tasks, timeout=timeout)
-        absent: list[str] = []
-        frames: list[bytes] = []
-        for owner, task in zip(owners, tasks, strict=True):
-            if task in done and task.exception() is None:
-                frames.extend(task.result())
-            else:
-                absent.append(owner)
-        self.absent[spec.round] = absent
+        shares, failed = await self.collect(calls, timeout)
+        self.absent[spec.round] = [o for o in self.owners if o in failed]
+        frames = [f for owner in self.owners if owner in shares for f in shares[owner]]
         await self.route(frames)  # every owner's shares in one call per compute node
         while (result := self.aggregator.result(spec.round)) is None:
             now = self.clock()

@@ -25,6 +25,7 @@ import ray
 
 from dpmarket.actors.budgets.gate import BudgetGate, OwnerGate
 from dpmarket.actors.cluster.placement import node_report
+from dpmarket.actors.parties.dca import OwnerAnswers, error_line
 from dpmarket.actors.parties.dcaowner import OperatorTrust, OwnerSecureSum, gated_contribute
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.agents.policy import RoundPrice
@@ -259,6 +260,25 @@ class OwnerHost:
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------ secure-sum client
+    async def for_owners(self, method: str, calls: dict[str, tuple[Any, ...]]) -> OwnerAnswers:
+        """One secure-sum call for several hosted owners at once (the hub's batch,
+        actors/parties/dca.py ``DcaHub.ask``): ``calls`` maps each owner to its arguments
+        after its name for ``method`` (``dca_setup``, ``dca_roster`` or ``dca_contribute``).
+        Each owner is answered by exactly the per-owner method, so with its own keys, plan,
+        allowance and gate, one after the other; an owner that fails or declines is in the
+        answer's errors alone and the others' answers stand. The batch only saves calls: every
+        frame in it is sealed by its owner as when asked alone, nothing is combined here."""
+        if method not in _BATCHED:
+            raise ValueError(f"for_owners: {method!r} is not one of {sorted(_BATCHED)}")
+        results: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        for owner, args in calls.items():
+            try:
+                results[owner] = await getattr(self, method)(owner, *args)
+            except Exception as exc:  # that owner's failure alone, as when it is asked alone
+                errors[owner] = error_line(exc)
+        return OwnerAnswers(results, errors)
+
     async def dca_identity(self, owner: str) -> bytes:
         """The public half of this owner's secure-sum X25519 key, for the operator to pin at the
         compute nodes (asked by the driver directly, never through the curator)."""
@@ -355,6 +375,9 @@ class OwnerHost:
 
 OwnerActor = ray.remote(num_cpus=0)(OwnerHost)
 """The Ray actor of :class:`OwnerHost` (what the driver spawns)."""
+
+
+_BATCHED = frozenset({"dca_setup", "dca_roster", "dca_contribute"})  # OwnerHost.for_owners
 
 
 def _dca_of(hosted: _Hosted, owner: str) -> OwnerSecureSum:
