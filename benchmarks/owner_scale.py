@@ -273,6 +273,10 @@ def run_ray(
             "exit_code": outcome.exit_code,
             "message": outcome.message,
             "phase_seconds": {k: round(outcome.phase_seconds.get(k, 0.0), 3) for k in PHASES},
+            "secure_seconds": {  # normalise's parts: nodes, kernels, the session's set-up, round
+                k: round(outcome.phase_seconds.get(k, 0.0), 3)
+                for k in ("secure_nodes", "kernels", "secure_setup", "normalise_round")
+            },
             "peak_rss_mb": sampler.result(),
             "seconds": round(seconds, 2),
         }

@@ -41,9 +41,11 @@ __all__ = [
     "DcaHub",
     "DcaUnavailable",
     "OwnerAnswers",
+    "ask_owners",
     "charge_at_floor",
     "error_line",
     "moments_sensitivity",
+    "owner_answers",
     "result_from_record",
     "result_record",
 ]
@@ -163,20 +165,8 @@ class DcaHub:
                 self.unready.setdefault(owner, f"roster refused ({failed[owner]})")
 
     def ask(self, method: str, args: Callable[[str], tuple[Any, ...]]) -> Calls:
-        """Call ``method`` for every owner, one call per owner host: a host with several owners
-        (co-located in one actor) answers for all of them in one ``for_owners`` call, each
-        owner's answer computed with its own keys, ledger and gate as if asked alone
-        (actors/parties/owner.py); a host with one owner (a remote owner's stand-in, an owner
-        alone in its actor) gets the per-owner call. ``args(owner)``: that owner's arguments
-        after its name. Returns the calls in flight with the owners each answers for."""
-        calls: Calls = {}
-        for handle, owners in _by_host(self.owners).items():
-            if len(owners) == 1:
-                ref = getattr(handle, method).remote(owners[0], *args(owners[0]))
-            else:
-                ref = handle.for_owners.remote(method, {o: args(o) for o in owners})
-            calls[asyncio.ensure_future(ref)] = owners
-        return calls
+        """:func:`ask_owners` for every owner of the session, each call as a future."""
+        return {asyncio.ensure_future(r): o for r, o in ask_owners(self.owners, method, args)}
 
     async def collect(
         self, calls: Calls, timeout: float | None = None
@@ -193,14 +183,10 @@ class DcaHub:
         for call, owners in calls.items():
             if call not in done:
                 failed.update({o: f"no answer within {timeout} s" for o in owners})
-            elif (exc := call.exception()) is not None:
-                failed.update({o: error_line(exc) for o in owners})
-            elif isinstance(answer := call.result(), OwnerAnswers):
-                results.update((o, r) for o, r in answer.results.items() if o in owners)
-                failed.update({o: answer.errors.get(o, "no answer") for o in owners
-                               if o not in answer.results})  # fmt: skip
-            else:
-                results[owners[0]] = answer
+                continue
+            got, lost = owner_answers(owners, call.exception() or call.result())
+            results.update(got)
+            failed.update(lost)
         return results, failed
 
     async def round(
@@ -230,6 +216,37 @@ class DcaHub:
             if self.aggregator.result(spec.round) is None:
                 await asyncio.sleep(0.05)
         return result
+
+
+def ask_owners(
+    owners: dict[str, Any], method: str, args: Callable[[str], tuple[Any, ...]]
+) -> list[tuple[Any, list[str]]]:
+    """Call ``method`` for every owner of ``owners`` (name -> handle), one call per owner
+    host: a host with several owners (co-located in one actor) answers for all of them in one
+    ``for_owners`` call, each owner's answer computed with its own keys, ledger and gate as if
+    asked alone (actors/parties/owner.py); a host with one owner (a remote owner's stand-in,
+    an owner alone in its actor) gets the per-owner call. ``args(owner)``: that owner's
+    arguments after its name. Returns each call's reference with the owners it answers for
+    (unpack its answer with :func:`owner_answers`)."""
+    calls = []
+    for handle, names in _by_host(owners).items():
+        if len(names) == 1:
+            ref = getattr(handle, method).remote(names[0], *args(names[0]))
+        else:
+            ref = handle.for_owners.remote(method, {o: args(o) for o in names})
+        calls.append((ref, names))
+    return calls
+
+
+def owner_answers(owners: list[str], answer: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """One call of :func:`ask_owners` answered (a result, an :class:`OwnerAnswers` or the
+    exception the call raised), owner by owner: (owner -> result, owner -> error line)."""
+    if isinstance(answer, BaseException):
+        return {}, {o: error_line(answer) for o in owners}
+    if isinstance(answer, OwnerAnswers):
+        results = {o: answer.results[o] for o in owners if o in answer.results}
+        return results, {o: answer.errors.get(o, "no answer") for o in owners if o not in results}
+    return {owners[0]: answer}, {}
 
 
 def error_line(exc: BaseException) -> str:

@@ -263,7 +263,8 @@ class OwnerHost:
     async def for_owners(self, method: str, calls: dict[str, tuple[Any, ...]]) -> OwnerAnswers:
         """One secure-sum call for several hosted owners at once (the hub's batch,
         actors/parties/dca.py ``DcaHub.ask``): ``calls`` maps each owner to its arguments
-        after its name for ``method`` (``dca_setup``, ``dca_roster`` or ``dca_contribute``).
+        after its name for ``method`` (``dca_identity``, ``dca_setup``, ``dca_roster`` or
+        ``dca_contribute``).
         Each owner is answered by exactly the per-owner method, so with its own keys, plan,
         allowance and gate, one after the other; an owner that fails or declines is in the
         answer's errors alone and the others' answers stand. The batch only saves calls: every
@@ -377,7 +378,7 @@ OwnerActor = ray.remote(num_cpus=0)(OwnerHost)
 """The Ray actor of :class:`OwnerHost` (what the driver spawns)."""
 
 
-_BATCHED = frozenset({"dca_setup", "dca_roster", "dca_contribute"})  # OwnerHost.for_owners
+_BATCHED = frozenset({"dca_identity", "dca_setup", "dca_roster", "dca_contribute"})  # for_owners
 
 
 def _dca_of(hosted: _Hosted, owner: str) -> OwnerSecureSum:
