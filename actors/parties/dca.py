@@ -6,6 +6,12 @@ are forwarded as bytes to the node they name. Shares are sealed end to end (clie
 the relay learns nothing from them. The hub passes one clock to the aggregator and the nodes,
 so the round's deadlines mean the same everywhere.
 
+The owners are asked per owner process (:func:`ask_owners`): an actor hosting several owners
+gets one call for all of them (``OwnerHost.for_owners``) at the set-up, the roster and every
+round, and answers owner by owner (:class:`OwnerAnswers`). Each owner's frames are still made
+by its own client with its own keys and charged by its own gate, so the nodes receive the same
+sealed frames as with one call per owner; an owner failing inside a batch is absent alone.
+
 Phases of a market run built on it (the ``[privacy]`` budgets of the config):
 Every round is charged under the run's one neighbouring relation (the round plan's, set from
 ``CuratorParams.neighbouring`` in actors/run/phases.py ``prepare_secure``; replace-one by default,

@@ -5,7 +5,8 @@ cores). Per owner it holds the summarisation :class:`Owner` party, the secure-su
 RACE sketch of its records for secure-sum rounds and its file tailers. Only msgpack frames
 cross the actor boundary: ``handle({owner: frames})`` decodes each frame with that owner's
 replay guard, hands it to the party and returns the encoded replies. A refused frame is logged
-and dropped; the actor keeps serving.
+and dropped; the actor keeps serving. The secure-sum calls name one owner, or several at once
+(``for_owners``: one call per actor from the curator's hub, each owner answered alone).
 """
 
 from __future__ import annotations
