@@ -16,6 +16,8 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,11 +276,12 @@ class OwnerHost:
             raise ValueError(f"for_owners: {method!r} is not one of {sorted(_BATCHED)}")
         results: dict[str, Any] = {}
         errors: dict[str, str] = {}
-        for owner, args in calls.items():
-            try:
-                results[owner] = await getattr(self, method)(owner, *args)
-            except Exception as exc:  # that owner's failure alone, as when it is asked alone
-                errors[owner] = error_line(exc)
+        with _one_kernel_thread():
+            for owner, args in calls.items():
+                try:
+                    results[owner] = await getattr(self, method)(owner, *args)
+                except Exception as exc:  # that owner's failure alone, as when asked alone
+                    errors[owner] = error_line(exc)
         return OwnerAnswers(results, errors)
 
     async def dca_identity(self, owner: str) -> bytes:
@@ -380,6 +383,27 @@ OwnerActor = ray.remote(num_cpus=0)(OwnerHost)
 
 
 _BATCHED = frozenset({"dca_identity", "dca_setup", "dca_roster", "dca_contribute"})  # for_owners
+
+
+@contextmanager
+def _one_kernel_thread() -> Iterator[None]:
+    """The sketch kernels (streams/race/kernels.py, numba ``prange`` over the rows) on this
+    thread alone while a batch runs: the owners of a batch are sketched one after another and
+    the owner processes already run side by side, so the kernels' threads only contend for the
+    same cores (a 500-record sketch took 5-6 ms with two threads on the loaded two-core machine,
+    0.5 ms with one: benchmarks/RESULTS.md "owner_scale"). Counters are integers summed in any
+    order, so the result is the same."""
+    try:
+        import numba
+    except ImportError:  # the kernels' numpy fallback: no threads to limit
+        yield
+        return
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 def _dca_of(hosted: _Hosted, owner: str) -> OwnerSecureSum:

@@ -37,6 +37,7 @@ OWNERS = ("owner-0", "owner-1", "owner-2", "owner-3", "owner-4")
 NODES = ("compute-1", "compute-2", "compute-3")
 DIM, RECORDS, BOUND = 2, 1000, 3.0
 MOMENTS = {"bound": BOUND}
+SKETCH = {"family": "l2", "rows": 4, "width": 8, "seed": 7, "bandwidth": 1.5}
 
 
 class _Handle:
@@ -84,7 +85,10 @@ class _Market:
         self.plan = SecureSumPlan.calibrated(
             self.config,
             1e-5,
-            {"normalise": ("moments", 2 * DIM + 1, 1.0, 2 * BOUND, 1, MOMENTS)},
+            {
+                "normalise": ("moments", 2 * DIM + 1, 1.0, 2 * BOUND, 1, MOMENTS),
+                "scan": ("sketch", 32, 1.0, 2.0, 1, SKETCH),
+            },
             neighbouring=ADD_REMOVE,
         )
         self.node_keys = {n: generate_keypair() for n in NODES}
@@ -125,6 +129,11 @@ class _Market:
         spec = self.plan.spec("normalise", 1)
         return await self.hub.round(spec, "moments", MOMENTS, timeout=60.0)
 
+    async def scan(self) -> RoundResult:
+        """The second round: every owner's RACE sketch counters (the batch's owners sketched
+        with the kernels on one thread, actors/parties/owner.py ``_one_kernel_thread``)."""
+        return await self.hub.round(self.plan.spec("scan", 2), "sketch", SKETCH, timeout=60.0)
+
     def calls(self, method: str) -> int:
         unique = {id(h): h for h in self.handles.values()}
         return sum(h.calls.count(method) for h in unique.values())
@@ -163,8 +172,9 @@ def _view(market: _Market) -> list[tuple[Any, ...]]:
 
 async def test_a_batch_releases_what_owners_asked_one_by_one_release() -> None:
     """Three owners in one host and two alone: the host gets one call per step (set-up,
-    roster, round), and the release equals, bit for bit, that of the same owners each asked
-    alone (each owner's share is its own, sealed with its own keys: the masks cancel exactly)."""
+    roster, each round), and both releases (moments, sketch counters) equal, bit for bit, those
+    of the same owners each asked alone (each owner's share is its own, sealed with its own
+    keys: the masks cancel exactly)."""
     batched = _Market([OWNERS[:3], OWNERS[3:4], OWNERS[4:]])
     alone = _Market([(o,) for o in OWNERS])
     got, want = await batched.normalise(), await alone.normalise()
@@ -172,10 +182,13 @@ async def test_a_batch_releases_what_owners_asked_one_by_one_release() -> None:
     assert set(got.included) == set(OWNERS) and batched.hub.absent[1] == []
     np.testing.assert_array_equal(got.value, want.value)
     assert abs(got.value[-1] - _truth(OWNERS)[-1]) < 6 * got.sigma_std  # the count, within noise
+    got, want = await batched.scan(), await alone.scan()
+    assert got.released and got.value is not None and want.value is not None
+    np.testing.assert_array_equal(got.value, want.value)  # the sketches' counters too
     big = batched.handles["owner-0"]
-    assert big.calls[-3:] == ["for_owners"] * 3  # set-up, roster, round: one call each
-    assert batched.calls("dca_contribute") == 2  # the two owners alone: per owner
-    assert alone.calls("dca_contribute") == len(OWNERS) and alone.calls("for_owners") == 0
+    assert big.calls == ["for_owners"] * 4  # set-up, roster, two rounds: one call each
+    assert batched.calls("dca_contribute") == 2 * 2  # the two owners alone: per owner
+    assert alone.calls("dca_contribute") == 2 * len(OWNERS) and alone.calls("for_owners") == 0
     assert batched.hub.errors == [] and batched.hub.unready == {}
 
 
@@ -267,3 +280,14 @@ async def test_a_host_batches_only_the_secure_sum_calls() -> None:
     assert set(answer.errors) == {"owner-9", "owner-0"} and answer.results == {}
     assert "not hosted here" in answer.errors["owner-9"]
     assert "before dca_setup" in answer.errors["owner-0"]
+
+
+async def test_a_batch_leaves_the_kernels_thread_count_as_it_found_it() -> None:
+    """Inside a batch the sketch kernels run on one thread; after it (and after a failing
+    owner) the thread's own setting is back."""
+    numba = pytest.importorskip("numba")
+    before = numba.get_num_threads()
+    market = _Market([OWNERS], dims={"owner-1": DIM + 1})
+    await market.normalise()
+    await market.scan()
+    assert market.hub.absent[2] == ["owner-1"] and numba.get_num_threads() == before
