@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 RECORDS_PER_OWNER, DIM, P, NODES = 500, 20, 100, 3
-# default (--owner-processes): one owner process per core, at most 16. Each costs ~330-430 MB
+# default (--owner-processes): one owner process per core, at most 16. Each costs ~310-440 MB
 # before its owners' records; the secure sums and the epochs make one call per process, not
 # per owner, so on few cores more processes add memory, not speed (benchmarks/RESULTS.md)
 OWNER_PROCESSES = min(16, os.cpu_count() or 1)
