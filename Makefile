@@ -11,12 +11,12 @@ $(STAMP): pyproject.toml
 	  { echo "dpmarket needs Python >= 3.11 (found $(PYTHON))"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[market,test,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	rm -rf out/demo
-	$(BIN)/dpmarket run configs/demo.toml --out out/demo
+	$(BIN)/dpmarket run configs/rare-target.toml --out out/demo
 
 evaluate: $(STAMP)
 	$(BIN)/dpmarket digits --config configs/evaluate.toml
@@ -28,7 +28,11 @@ test: $(STAMP) lint typecheck unit
 check: $(STAMP) lint typecheck unit-fast
 
 # each part prints its slowest tests; benchmarks/RESULTS.md records the times per part
-PYTEST := $(BIN)/python -m pytest -q --durations=25
+# (benchmarks/suite_time.py). Each part runs in JOBS pytest-xdist workers, a test file per
+# worker at a time (module fixtures and the worker's shared local Ray are set up once per
+# file); JOBS=1 runs a part in one process, JOBS=auto one worker per core.
+JOBS ?= 2
+PYTEST := $(BIN)/python -m pytest -q --durations=25 -n $(JOBS) --dist loadfile
 
 # two processes: the Ray tests (local Ray instances, market runs) and the rest; one process
 # for all of them grew past the machine's memory (what Ray and the runs leave behind in the
@@ -45,15 +49,16 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# mypy --strict over the three packages as installed names (dpmarket.protocol, ...): a tree of
-# symlinks gives mypy the namespace the editable install maps at run time.
+# mypy --strict over the packages as installed names (dpmarket, dpmarket.protocol, ...): a
+# tree of symlinks gives mypy the layout the editable install maps at run time (the top-level
+# API's files, dpmarket/, beside the three folders mapped into it).
 typecheck: $(STAMP)
 	rm -rf .typecheck && mkdir -p .typecheck/dpmarket
+	ln -s ../../dpmarket/__init__.py ../../dpmarket/api.py ../../dpmarket/py.typed .typecheck/dpmarket/
 	ln -s ../../protocol .typecheck/dpmarket/protocol
 	ln -s ../../streams .typecheck/dpmarket/streams
 	ln -s ../../actors .typecheck/dpmarket/actors
-	cd .typecheck && ../$(BIN)/mypy --strict --config-file ../pyproject.toml \
-	  -p dpmarket.protocol -p dpmarket.streams -p dpmarket.actors
+	cd .typecheck && ../$(BIN)/mypy --strict --config-file ../pyproject.toml -p dpmarket
 
 bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/utility_digits.py --quick

@@ -21,8 +21,8 @@ import numpy as np
 import ray
 
 from dpmarket.actors.cluster.connect import connect
-from dpmarket.actors.parties.compute import ComputeNodeActor
 from dpmarket.actors.parties.dca import DcaHub
+from dpmarket.actors.parties.ray_actors import ComputeNodeActor
 from dpmarket.protocol.privacy.ledger import PrivacyLedger
 from dpmarket.protocol.securesum.client import Client
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec

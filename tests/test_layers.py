@@ -460,3 +460,75 @@ def test_the_architecture_document_states_the_same_room_rules() -> None:
             names = {n.strip("` ") for n in cells[2].split(",")} - {"nothing", ""}
             stated[room] = frozenset(n.rstrip("/").removesuffix(".py") for n in names)
     assert stated == ACTORS_DEPENDENCIES
+
+
+# The Python API (dpmarket/, issue 40) sits above every room and below the commands: only
+# actors/commands/ may call it, and it never imports a command (the CLI prints what it returns).
+def api_imports(source: str) -> list[tuple[int, str]]:
+    """Every module a source imports that is the top-level package or its API, or a command."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        found += [
+            (node.lineno, n)
+            for n in names
+            if n.startswith(("dpmarket.api", "dpmarket.actors.commands"))
+            or (n.count(".") == 1 and n.split(".")[0] == "dpmarket" and n.split(".")[1] not in
+                ("protocol", "streams", "actors"))  # an API name: from dpmarket import run_market
+        ]  # fmt: skip
+    return found
+
+
+def api_violations(sources: dict[str, str]) -> list[str]:
+    out = []
+    for relpath, source in sources.items():
+        for line, name in api_imports(source):
+            commands = name.startswith("dpmarket.actors.commands")
+            if relpath.startswith("dpmarket/") and commands:
+                out.append(f"{relpath}:{line}: the API imports a command, {name}")
+            top = not commands
+            if top and relpath.startswith("actors/") and not relpath.startswith("actors/commands/"):
+                out.append(f"{relpath}:{line}: only actors/commands/ may call the API, {name}")
+    return out
+
+
+def test_the_api_is_called_only_by_the_commands_and_imports_none() -> None:
+    sources = actors_sources() | {
+        p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
+        for p in sorted((ROOT / "dpmarket").glob("*.py"))
+    }
+    assert "dpmarket/api.py" in sources
+    found = api_violations(sources)
+    assert not found, "\n".join(found)
+    bad = {
+        "dpmarket/api.py": "from dpmarket.actors.commands.market import print_report\n",
+        "actors/run/x.py": "import dpmarket.api as api\n",
+        "actors/commands/x.py": "def f():\n    import dpmarket.api as api\n",
+        "actors/studies/x.py": "from dpmarket import simulate\n",
+        "actors/cluster/x.py": "import dpmarket\nfrom dpmarket import protocol\n",  # allowed
+    }
+    assert {v.split(":")[0] for v in api_violations(bad)} == {
+        "dpmarket/api.py",
+        "actors/run/x.py",
+        "actors/studies/x.py",
+    }
+
+
+def test_importing_a_subpackage_loads_no_api_and_no_ray() -> None:
+    """``dpmarket/__init__.py`` loads its names on first use: the sans-I/O core and an agent's
+    modules import without the runtime behind the API."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, dpmarket, dpmarket.protocol.wire.codec, dpmarket.streams.race.sketch\n"
+        "print('dpmarket.api' in sys.modules, 'ray' in sys.modules)\n"
+        "dpmarket.load_config\n"
+        "print('dpmarket.api' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "False", "True"]

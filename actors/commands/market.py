@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dpmarket.actors.commands.study import add_study_arguments, run_study_command
-from dpmarket.actors.config.market import ConfigError, MarketConfig, load_market_config
+from dpmarket.actors.config.market import MarketConfig
 from dpmarket.actors.config.validate import check_inputs, check_out_in_job, resolve_out
 from dpmarket.actors.randomness import NOISE_WARNING
+from dpmarket.actors.run.preflight import RunPlan, check_plan, plan_lines
 from dpmarket.actors.studies.config import is_study_file
 
-if TYPE_CHECKING:
-    from dpmarket.actors.run.preflight import RunPlan
-
-__all__ = ["add_market_parsers", "print_gaps", "print_plan", "print_rejects", "print_report"]
+__all__ = [
+    "add_market_parsers",
+    "check_plan",
+    "print_gaps",
+    "print_plan",
+    "print_rejects",
+    "print_report",
+]
 
 
 def _ray_line(info: dict[str, Any]) -> None:
@@ -28,80 +32,44 @@ def _ray_line(info: dict[str, Any]) -> None:
     print(describe(info), file=sys.stderr)
 
 
-def _number(value: float | None, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    return "inf" if math.isinf(value) else f"{value:.{digits}g}"
-
-
 def print_plan(plan: RunPlan) -> None:
     """Each release's expected signal, noise, signal-to-noise and cost, before the run."""
-    delta = plan.checks[0].delta if plan.checks else 0.0
-    print(f"releases (m = {plan.m}, about {plan.records:.0f} pooled records):")
-    print(
-        f"  {'release':<18} {'protects':<11} {'signal':>8} {'noise':>8} {'SNR':>6}"
-        f" {f'eps (delta {delta:g})':>18}"
-    )
-    for c in plan.checks:
-        print(
-            f"  {c.name:<18} {c.protects:<11} {_number(c.signal):>8} {_number(c.noise):>8} "
-            f"{_number(c.snr):>6} {_number(c.epsilon, 4):>18}"
-        )
-    name, why = plan.recommendation
-    if name:
-        print(f"mechanism: {plan.params.mechanism}; the plan expects {name} to do best: {why}")
-
-
-def check_plan(strict: bool) -> Any:
-    """The run's ``before_start``: print the table, warn; with ``strict`` refuse on a warning."""
-
-    def check(plan: RunPlan) -> None:
-        print_plan(plan)
-        if plan.unbounded is not None:
-            print(f"dpmarket: WARNING: {plan.unbounded} (named in [summary])", file=sys.stderr)
-        for warning in plan.warnings:
-            print(f"dpmarket: WARNING: {warning}", file=sys.stderr)
-        if strict and plan.warnings:
-            raise ConfigError(f"--strict: refused before any release: {'; '.join(plan.warnings)}")
-
-    return check
+    print("\n".join(plan_lines(plan)))
 
 
 def _market(args: argparse.Namespace) -> int:
-    from dpmarket.actors.run.market import resume_market, run_market
-    from dpmarket.actors.run.requests import run_requests
+    """run / simulate / validate / resume: the Python API's functions (dpmarket/api.py), their
+    results printed."""
+    import dpmarket.api as api
+    from dpmarket.actors.run.market import resume_market
 
     if args.command == "simulate" and is_study_file(args.config):
         return run_study_command(args)  # a [study] table: a sweep of markets (commands/study.py)
+    outcome: Any
     if args.command == "resume":
         check_out_in_job(args.out, "resume OUT")  # relative: inside a job, Ray's cache
         outcome = resume_market(Path(args.out), args.address, connected=_ray_line)
     else:
-        config = load_market_config(args.config, args.set)
+        config = api.load_config(args.config, args.set)
         if config.reproducible_noise:
             print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)
         if args.command == "validate":
             return _validate(config, args.out)
-        buy = run_requests if config.requests else run_market  # [[requests]]: one after another
-        outcome = buy(
-            config,
-            Path(args.out) if args.out else None,
-            args.address,
-            before_start=check_plan(args.strict),
-            connected=_ray_line,
+        outcome = api.run_market(  # [[requests]]: one purchase after another
+            config, args.out, address=args.address, strict=args.strict, connected=_ray_line
         )
-    if outcome.report is not None:
+    if outcome.report:
         print_report(outcome.report, outcome.consumer_report)
     for name, each in outcome.requests.items():  # [[requests]]: one purchase each
         print(f"request {name}:")
-        if each.report is not None:
+        if each.report:
             print_report(each.report, each.consumer_report)
         print_rejects(each.rejects)
         print_gaps(each.consumer_report)
     print_rejects(outcome.rejects)
     print_gaps(outcome.consumer_report)
     print(outcome.message, file=sys.stderr if outcome.exit_code else sys.stdout)
-    return outcome.exit_code
+    return int(outcome.exit_code)
 
 
 def _validate(config: MarketConfig, out: str | None) -> int:
@@ -215,8 +183,24 @@ def print_report(report: dict[str, Any], consumer: dict[str, Any] | None = None)
         print(line)
         if "note" in entry:
             print(f"  {party}: {entry['note']}")
-    for name, row in (consumer or {}).get("utility", {}).items():
-        print(f"utility {name:<8} MMD^2 {row['mmd2']:.5f}  LinearSVC {row['svm_accuracy']:.3f}")
+    utility = (consumer or {}).get("utility", {})
+    if utility:
+        print(
+            "utility on the harness's test set (simulation): the private summary; "
+            + (
+                f"random = {utility['random']['points']} points bought at random, then the "
+                "same exact selection; "
+                if "random" in utility
+                else ""
+            )
+            + "uniform = p points sampled uniformly; greedy = exact greedy over the whole pool"
+        )
+    ends = [utility.get(k, {}).get("mmd2") for k in ("uniform", "greedy")]
+    for name, row in utility.items():
+        line = f"utility {name:<8} MMD^2 {row['mmd2']:.5f}  LinearSVC {row['svm_accuracy']:.3f}"
+        if None not in ends and ends[0] > ends[1] and name in ("private", "random"):
+            line += f"  (closes {(ends[0] - row['mmd2']) / (ends[0] - ends[1]):.2f} of the gap)"
+        print(line)
     lost = report["faults"]["lost"]
     if lost:
         print(f"tolerated: owners lost {lost}")

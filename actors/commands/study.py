@@ -46,9 +46,10 @@ def _ray_line(info: dict[str, Any]) -> None:
 
 
 def run_study_command(args: argparse.Namespace) -> int:
+    """``simulate STUDY``: the Python API's ``simulate`` (dpmarket/api.py), its cells printed."""
+    import dpmarket.api as api
     from dpmarket.actors.config.market import ConfigError
-    from dpmarket.actors.studies.report import write_study
-    from dpmarket.actors.studies.run import RESULTS_FILE, run_study
+    from dpmarket.actors.studies.run import RESULTS_FILE
 
     if args.set:
         raise ConfigError(
@@ -65,9 +66,10 @@ def run_study_command(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     try:
-        results = run_study(
-            study, out, args.address, serial=args.serial, batch=args.batch, connected=_ray_line
-        )
+        found = api.simulate(
+            study, out, serial=args.serial, batch=args.batch, address=args.address,
+            connected=_ray_line,
+        )  # fmt: skip
     except KeyboardInterrupt:
         print(
             f"dpmarket: interrupted; finished trials are kept in {out / RESULTS_FILE}: "
@@ -75,9 +77,9 @@ def run_study_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
-    doc = write_study(study, results, out)
-    _print_table(doc["cells"])
-    for line in doc["smallest_t"]:
+    results, doc = found.trials, found.document
+    _print_table(found.cells)
+    for line in found.smallest_t:
         if line["t_interval"] is not None or line["t_estimate"] is not None:
             print(
                 f"K {line['owners']} M {line['compute_nodes']} q {line['dropout']:g} slow "

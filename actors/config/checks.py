@@ -388,9 +388,17 @@ def secure_settings(path: str, privacy: dict[str, Any], sketch: dict[str, Any]) 
     standardize = privacy.get("standardize", True)
     if not isinstance(standardize, bool):
         raise ConfigError(f"{path}: [privacy].standardize: expected true or false")
+    normalise_round = privacy.get("normalise_round", "auto")
+    if normalise_round not in ("auto", "always"):
+        raise ConfigError(
+            f'{path}: [privacy].normalise_round: expected "auto" (skip a normalise round whose '
+            'release the plan predicts will be discarded) or "always", got '
+            f"{normalise_round!r}"
+        )
     out: dict[str, Any] = {
         "enabled": enabled,
         "standardize": standardize,
+        "normalise_round": normalise_round,
         "eps_normalise": number(
             path, "[privacy].eps_normalise", privacy.get("eps_normalise", 0.5), 0.0, 100.0
         ),

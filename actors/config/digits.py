@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from sklearn.datasets import load_digits
 
 from dpmarket.streams.synthetic import Scenario, median_heuristic_gamma
 
@@ -56,6 +55,8 @@ class DigitsRows:
 
 
 def _load() -> tuple[npt.NDArray[np.float64], IntArray]:
+    from sklearn.datasets import load_digits  # on use: the market's extra, not an agent's
+
     bunch = load_digits()
     return (
         np.asarray(bunch.data, dtype=np.float64) / 16.0,

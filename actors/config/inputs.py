@@ -157,7 +157,8 @@ class MarketConfig:
                 raise ParamError(key, f"{key} = {str(given).lower()} contradicts the mechanism "
                                  f"selected, {mechanism} (mechanism names it, or it follows from "
                                  "the other [summary] keys: actors/config/checks.py "
-                                 "selected_mechanism)")  # fmt: skip
+                                 f"selected_mechanism); {key} = {str(expected).lower()} passes",
+                                 passing=(key, expected))  # fmt: skip
         overrides = {k: v for k, v in self.overrides.items() if k != "mechanism"}
         return dataclasses.replace(base, **(plan.overrides() | extra | overrides))
 

@@ -45,6 +45,7 @@ __all__ = [
     "INPUTS_DIR",
     "check_resumed_mechanism",
     "journal_config",
+    "released_nothing",
     "restore_config",
     "same_unreleased_start",
     "sha256_prefix",
@@ -157,18 +158,46 @@ def _write(journal_dir: Path, record: dict[str, Any]) -> None:
 def same_unreleased_start(journal_dir: Path, config: MarketConfig) -> bool:
     """Whether ``journal_dir`` holds the start of this same purchase (its journaled effective
     configuration equals ``config``, staged) that released nothing: no curator snapshot was
-    ever written. The curator journals before its first message leaves it (the secure phases
-    journal a round before running it; the epochs' first snapshot precedes the first ask), so
-    without a snapshot nothing derived from any release was seen by anyone, and a rerun may
-    keep the purchase's ledger run: what it charged up front (the consumer's validation plan)
-    is the rerun's own charge, not paid twice (docs/guide/run-and-faults.md)."""
-    if (journal_dir / "journal.json").exists() or not (journal_dir / CONFIG_FILE).is_file():
+    ever written, or the only one is a stop before any release (:func:`released_nothing`: the
+    secure sums' set-up refused, more than T owners unready or a compute node missing). The
+    curator journals before its first message leaves it (the secure phases journal a round
+    before running it; the epochs' first snapshot precedes the first ask), so without a
+    release in the snapshot nothing derived from any release was seen by anyone, and a rerun
+    may keep the purchase's ledger run: what it charged up front (the consumer's validation
+    plan) is the rerun's own charge, not paid twice (docs/guide/run-and-faults.md)."""
+    if not (journal_dir / CONFIG_FILE).is_file():
+        return False
+    snapshot = journal_dir / "journal.json"
+    if snapshot.exists() and not released_nothing(snapshot):
         return False
     try:
         earlier = restore_config(journal_dir, check_owner_files=False)
     except ConfigError:  # not restorable, another version: a new purchase
         return False
     return _comparable(earlier) == _comparable(config)
+
+
+def released_nothing(snapshot: Path) -> bool:
+    """Whether the curator's journal ``snapshot`` shows that nothing was released: in state
+    "new", or refused before the summary started (``before_start``), with no secure-sum round
+    journaled (not even opened: an opened round may have released) and every ledger empty
+    (each release charges one before its value is used). An unreadable snapshot is not."""
+    try:
+        journaled = json.loads(snapshot.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(journaled, dict):
+        return False
+    state, refusal = journaled.get("state"), journaled.get("refusal") or {}
+    if state != "new" and not (state == "refused" and refusal.get("before_start")):
+        return False
+    secure = journaled.get("secure_phases") or {}
+    if any(secure.get(key) for key in ("rounds", "refreshes", "summary")):
+        return False
+    ledgers = journaled.get("ledgers")
+    return isinstance(ledgers, dict) and not any(
+        (ledger or {}).get("events") for ledger in ledgers.values()
+    )
 
 
 def _comparable(config: MarketConfig) -> MarketConfig:

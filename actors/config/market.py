@@ -72,6 +72,7 @@ MARKET_SECTIONS = {
         "eps_scan",
         "secure_phases",
         "standardize",
+        "normalise_round",
         "refresh_every",
         "eps_refresh",
     }

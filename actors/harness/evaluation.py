@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sklearn.svm import LinearSVC
 
 from dpmarket.actors.config.market import ConfigError, check_keys
 from dpmarket.actors.harness.inprocess import baselines, run_inprocess
@@ -73,6 +72,8 @@ def svm_accuracy(train_X: F64, train_y: F64, test_X: F64, test_y: F64) -> float:
     classes = np.unique(train_y)
     if len(classes) < 2:
         return float(np.mean(test_y == classes[0])) if len(classes) else 0.0
+    from sklearn.svm import LinearSVC  # on use: the market's extra, not an agent's install
+
     model = LinearSVC(C=1.0, max_iter=5000, random_state=0)
     model.fit(train_X, train_y)
     return float(np.mean(model.predict(test_X) == test_y))

@@ -1,26 +1,27 @@
-"""The compute-node actor: hosts one DCA ComputeNode; only decodes, calls, encodes."""
+"""The compute-node actor: hosts one DCA ComputeNode; only decodes, calls, encodes.
+
+:class:`ComputeNodeHost` imports no Ray (a node's agent hosts it without Ray installed); the
+Ray actor is actors/parties/ray_actors.py ``ComputeNodeActor``."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-import ray
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from dpmarket.actors.cluster.placement import node_report
 from dpmarket.protocol.securesum.node import ComputeNode
 from dpmarket.protocol.securesum.plan import SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 
-__all__ = ["ComputeNodeActor", "ComputeNodeHost"]
+__all__ = ["ComputeNodeHost"]
 
 
 class ComputeNodeHost:
-    """One compute node of the secure sum, as a Ray actor (:data:`ComputeNodeActor`) or in a
-    node's own agent (actors/remote/nodeagent.py). ``private_key`` (raw X25519 bytes)
+    """One compute node of the secure sum, as a Ray actor (ray_actors.py ``ComputeNodeActor``)
+    or in a node's own agent (actors/remote/nodeagent.py). ``private_key`` (raw X25519 bytes)
     comes from the operator, who pins its fingerprint at the owners; ``client_keys`` are the
     owners' public keys the operator collected from them directly (registrations under another
     key are refused); ``plan`` the operator's round plan (protocol/securesum/plan.py: an open
@@ -63,7 +64,10 @@ class ComputeNodeHost:
         return os.getpid()
 
     async def where(self, paths: list[str]) -> dict[str, Any]:
-        """This node (Ray id, IP) and the dpmarket running here (actors/config/placement.py)."""
+        """This node (Ray id, IP) and the dpmarket running here (actors/config/placement.py);
+        only a Ray actor is asked (imported here: a node's agent holds no Ray)."""
+        from dpmarket.actors.cluster.placement import node_report
+
         return node_report(paths)
 
     async def status(self) -> dict[str, Any]:
@@ -73,7 +77,3 @@ class ComputeNodeHost:
         """This node's roster attestation to each registered owner (protocol/securesum/node.py
         ``ComputeNode.attest``), for the relay to hand on; it cannot alter them."""
         return self._node.attest(self.checked)
-
-
-ComputeNodeActor = ray.remote(num_cpus=0)(ComputeNodeHost)
-"""The Ray actor of :class:`ComputeNodeHost` (what the driver spawns for a local node)."""

@@ -337,6 +337,8 @@ def result_payload(res: SummaryResult, curator: Curator, transport: RayTransport
         "dropped": res.dropped,
         "rejected": res.rejected,
         "lost": dict(curator.lost),
+        "returned": dict(sorted(curator.returns.items())),  # owners taken back, how often
+        "kept_out": curator.kept_out(),  # lost owners not taken back again, and why
         "late_frames": res.late_frames,
         "transport": {
             "frames_sent": transport.frames_sent,

@@ -58,7 +58,12 @@ __all__ = [
 
 
 class DcaUnavailable(RuntimeError):
-    """A secure-sum session could not start (a compute node is unreachable): nothing released."""
+    """A secure-sum session could not start (a compute node is unreachable, or failed its
+    part of the set-up): nothing released. ``nodes``: the compute nodes missing."""
+
+    def __init__(self, message: str, nodes: list[str]) -> None:
+        super().__init__(message)
+        self.nodes = nodes
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class DcaHub:
         self.aggregator = Aggregator(config, ledger)
         self.guard = ReplayGuard()
         self.errors: list[str] = []
+        self.failed: dict[str, str] = {}  # compute node -> its first failed call (route, attest)
         self.absent: dict[int, list[str]] = {}
         # owners whose set-up or roster failed: absent from every round of the session, so
         # counted against T before any round opens (actors/parties/securephase_journal.py)
@@ -130,17 +136,22 @@ class DcaHub:
             for name, reply in zip(names, replies, strict=True):
                 if isinstance(reply, BaseException):
                     self.errors.append(f"{name}: {type(reply).__name__}")
+                    self.failed.setdefault(name, f"frames refused ({error_line(reply)})")
                 else:
                     pending.extend(reply)
 
     async def setup(self) -> None:
-        """Session set-up: node keys to owners, owners' registrations to nodes."""
+        """Session set-up: node keys to owners, owners' registrations to nodes, the nodes'
+        roster attestations to owners. The DCA needs every compute node's partial sum, so a
+        node that gives no key, refuses the relayed frames or gives no attestation stops the
+        session before any round opens (:class:`DcaUnavailable`, naming it); an owner some
+        node did not register is unready (absent from every round, counted against T)."""
         answers = await asyncio.gather(
             *(h.public_key.remote() for h in self.nodes.values()), return_exceptions=True
         )
         dead = [n for n, a in zip(self.nodes, answers, strict=True) if isinstance(a, BaseException)]
         if dead:
-            raise DcaUnavailable(f"compute nodes unreachable: {dead}")
+            raise DcaUnavailable(f"compute nodes unreachable: {dead}", dead)
         keys = dict(zip(self.nodes, answers, strict=True))
         frames, failed = await self.collect(self.ask("dca_setup", lambda o: (self.config, keys)))
         for owner, line in failed.items():
@@ -148,22 +159,37 @@ class DcaHub:
         await self.route([f for owner in self.owners if owner in frames for f in frames[owner]])
         await self.attest()
 
+    def _stop_if_nodes_failed(self) -> None:
+        if self.failed:
+            nodes = sorted(self.failed)
+            why = "; ".join(f"{n}: {self.failed[n]}" for n in nodes)
+            raise DcaUnavailable(f"compute nodes failed the set-up: {nodes} ({why})", nodes)
+
     async def attest(self) -> None:
         """Hand every owner its compute nodes' roster attestations (the owners registered
         with each node, MACed under the owner's pair key with that node: the relay passes them
         on, it cannot alter them); an owner that cannot verify one from each node it pinned
-        takes part in no round if it needs them (a remote owner: actors/parties/dcaowner.py)."""
+        takes part in no round if it needs them (a remote owner: actors/parties/dcaowner.py).
+        An owner a node did not register (its registration refused there) is unready; a node
+        with no attestation, or one that refused the relayed frames, stops the session."""
         answers = await asyncio.gather(
             *(h.attest.remote() for h in self.nodes.values()), return_exceptions=True
         )
         per_node = {n: a for n, a in zip(self.nodes, answers, strict=True) if isinstance(a, dict)}
         for name, answer in zip(self.nodes, answers, strict=True):
-            if isinstance(answer, BaseException):
+            if not isinstance(answer, dict):
                 self.errors.append(f"{name}: no roster attestation ({type(answer).__name__})")
+                why = error_line(answer) if isinstance(answer, BaseException) else "not a map"
+                self.failed.setdefault(name, f"no roster attestation ({why})")
+        self._stop_if_nodes_failed()
         parts = {
             o: {n: part for n, a in per_node.items() if (part := owner_attestation(a, o))}
             for o in self.owners
         }
+        for owner, held in parts.items():
+            refused = sorted(set(per_node) - set(held))
+            if refused:  # some node holds no registration of it: it can take part in no round
+                self.unready.setdefault(owner, f"registration refused by {refused}")
         _, failed = await self.collect(self.ask("dca_roster", lambda o: (parts[o],)))
         for owner in self.owners:
             if owner in failed:

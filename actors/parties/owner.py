@@ -1,12 +1,14 @@
 """The owner actor: hosts an owner's sans-I/O parties and only decodes, calls, encodes.
 
-One Ray async actor per data owner (or per group of co-located owners in a simulation on few
-cores). Per owner it holds the summarisation :class:`Owner` party, the secure-sum client, the
-RACE sketch of its records for secure-sum rounds and its file tailers. Only msgpack frames
-cross the actor boundary: ``handle({owner: frames})`` decodes each frame with that owner's
-replay guard, hands it to the party and returns the encoded replies. A refused frame is logged
-and dropped; the actor keeps serving. The secure-sum calls name one owner, or several at once
-(``for_owners``: one call per actor from the curator's hub, each owner answered alone).
+:class:`OwnerHost` imports no Ray (an owner's agent hosts it without Ray installed); the Ray
+actor is actors/parties/ray_actors.py ``OwnerActor``. One Ray async actor per data owner (or
+per group of co-located owners in a simulation on few cores). Per owner it holds the
+summarisation :class:`Owner` party, the secure-sum client, the RACE sketch of its records for
+secure-sum rounds and its file tailers. Only msgpack frames cross the actor boundary:
+``handle({owner: frames})`` decodes each frame with that owner's replay guard, hands it to the
+party and returns the encoded replies. A refused frame is logged and dropped; the actor keeps
+serving. The secure-sum calls name one owner, or several at once (``for_owners``: one call per
+actor from the curator's hub, each owner answered alone).
 """
 
 from __future__ import annotations
@@ -24,10 +26,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import ray
 
 from dpmarket.actors.budgets.gate import BudgetGate, OwnerGate
-from dpmarket.actors.cluster.placement import node_report
 from dpmarket.actors.parties.dca import OwnerAnswers, error_line
 from dpmarket.actors.parties.dcaowner import OperatorTrust, OwnerSecureSum, gated_contribute
 from dpmarket.actors.randomness import NoiseSource
@@ -42,7 +42,7 @@ from dpmarket.streams.race.sketch import RaceSketch
 from dpmarket.streams.records.files import CsvDecoder, Schema
 from dpmarket.streams.records.tail import FileTailer, TailBatch
 
-__all__ = ["OwnerActor", "OwnerHost", "handle_frames"]
+__all__ = ["OwnerHost", "handle_frames"]
 
 
 def handle_frames(
@@ -81,12 +81,12 @@ OwnerData = tuple[npt.NDArray[np.float64] | int, npt.NDArray[np.float64] | None]
 
 
 class OwnerHost:
-    """The owners of one process: as a Ray actor (:data:`OwnerActor`), one owner or several
-    co-located ones (a simulation on few cores; in a deployment every owner runs its own actor
-    on its own node); in an owner's own agent (actors/remote/owneragent.py), that owner alone.
-    ``owners`` maps a name to (records, labels), where records may be a feature count when
-    they arrive from files (:meth:`start_ingest`). ``delays`` simulates slow owners (seconds
-    before every reply).
+    """The owners of one process: as a Ray actor (ray_actors.py ``OwnerActor``), one owner or
+    several co-located ones (a simulation on few cores; in a deployment every owner runs its own
+    actor on its own node); in an owner's own agent (actors/remote/owneragent.py), that owner
+    alone. ``owners`` maps a name to (records, labels), where records may be a feature count
+    when they arrive from files (:meth:`start_ingest`). ``delays`` simulates slow owners
+    (seconds before every reply).
 
     Every method names the owner it acts for; each hosted owner keeps its own party, replay
     guard, secure-sum client and tailers, so co-location shares the process and nothing else.
@@ -362,7 +362,10 @@ class OwnerHost:
 
     async def where(self, paths: list[str]) -> dict[str, Any]:
         """This actor's node (Ray id, IP) and which of ``paths`` cannot be read here: the
-        driver's preflight (actors/config/placement.py), asked before any secure sum."""
+        driver's preflight (actors/config/placement.py), asked before any secure sum; only
+        a Ray actor is asked (imported here: an agent's process holds no Ray)."""
+        from dpmarket.actors.cluster.placement import node_report
+
         return node_report(paths)
 
     async def status(self, owner: str) -> dict[str, Any]:
@@ -376,10 +379,6 @@ class OwnerHost:
             "asks": party.asks,
             "errors": list(hosted.errors),
         }
-
-
-OwnerActor = ray.remote(num_cpus=0)(OwnerHost)
-"""The Ray actor of :class:`OwnerHost` (what the driver spawns)."""
 
 
 _BATCHED = frozenset({"dca_identity", "dca_setup", "dca_roster", "dca_contribute"})  # for_owners

@@ -155,7 +155,9 @@ def scan_summary(
     """Coverage of the validation set by the pool (see :func:`coverage_of`)."""
     if result.value is None or release is None:
         return {"status": result.status, "reason": result.reason}
-    total = float(moments.get("count", 1.0))
+    # the pool's size: the normalise round's DP count, or the sketch's own estimate (the
+    # same records, post-processing) when that round was not run
+    total = float(moments["count"]) if "count" in moments else release.estimated_size()
     return {
         "status": result.status,
         "coverage": coverage_of(release, validation, total),
@@ -217,7 +219,8 @@ async def _journaled_round(
 
 def _short_before_rounds(hub: DcaHub, config: DcaConfig) -> RoundResult | None:
     """The owners that cannot take part in any round of the session (their set-up or roster
-    failed: absent, declined, unverifiable; ``DcaHub.unready``) with the known colluders, when
+    failed: absent, declined, unverifiable; or a compute node refused their registration;
+    ``DcaHub.unready``) with the known colluders, when
     they exceed T: an ``insufficient`` result that opens nothing, so the run stops before the
     first round is offered to anyone and no owner pays for a round that cannot release."""
     unready = sorted(hub.unready)
@@ -260,6 +263,8 @@ async def run_secure_phases(
             failed = {"status": "failed", "reason": str(exc)}
             stop = RoundResult(0, "failed", str(exc), None, None, (), (), 0.0, 0.0)
             refused = host.refuse(stop, "secure sum: set-up")
+            if refused is not None:  # the nodes named in the stopped report's faults
+                refused["refusal"] = dict(refused.get("refusal") or {}) | {"nodes": exc.nodes}
             return {"normalise": failed, "scan": failed, "errors": [str(exc)]} | (
                 {"refused": refused} if refused is not None else {}
             )
@@ -274,13 +279,16 @@ async def run_secure_phases(
     # wall-clock seconds of the set-up and of each round (what every owner observes)
     seconds = out["seconds"] = {"setup": clock() - started}
     started = clock()
-    moments = await _journaled_round(
-        host, hub, rounds, "normalise", 1, "moments", rounds.options("normalise"), timeout
-    )
-    seconds["normalise"] = clock() - started
-    out["normalise"] = moments_summary(moments, k)
-    if (refused := host.refuse(moments, "secure sum: normalise")) is not None:
-        return out | {"refused": refused}
+    if "normalise" in rounds.rounds:
+        moments = await _journaled_round(
+            host, hub, rounds, "normalise", 1, "moments", rounds.options("normalise"), timeout
+        )
+        seconds["normalise"] = clock() - started
+        out["normalise"] = moments_summary(moments, k)
+        if (refused := host.refuse(moments, "secure sum: normalise")) is not None:
+            return out | {"refused": refused}
+    else:  # the plan predicted its release discarded (actors/run/preflight.py): not run
+        out["normalise"] = {"status": "skipped", "reason": str(plan.get("normalise_skipped"))}
     sk = plan["sketch"]
     started = clock()
     counters = await _journaled_round(host, hub, rounds, "scan", 2, "sketch", sk, timeout)

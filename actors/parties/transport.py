@@ -173,9 +173,10 @@ class RayTransport:
     Late replies of an earlier phase are still handed to the party, which counts them as late.
 
     ``reachable`` (optional): which parties can be reached again (remote owners whose link is
-    back: :func:`gateways_reachable`), asked at most every ``reach_every`` seconds and handed
-    to a party with ``returned`` (the curator takes a lost owner back from the next epoch);
-    a dead or expelled owner is never handed back.
+    back and that showed they are there, by an answer or by dialling in again:
+    :func:`gateways_reachable`), asked at most every ``reach_every`` seconds and handed to a
+    party with ``returned`` (the curator takes a lost owner back from the next epoch, at most
+    ``MAX_RETURNS`` times); a dead or expelled owner is never handed back.
     """
 
     def __init__(

@@ -38,8 +38,7 @@ import grpc.aio
 
 from dpmarket.actors.remote.channel import open_channel, stream
 from dpmarket.actors.remote.control import pack_result, read_args
-from dpmarket.actors.remote.gateway import GATEWAY
-from dpmarket.protocol.agents.messages import CallBody, EndBody, HelloBody, ReplyBody
+from dpmarket.protocol.agents.messages import GATEWAY, CallBody, EndBody, HelloBody, ReplyBody
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.protocol.wire.parties import Outbox
@@ -102,8 +101,9 @@ async def serve(
     credentials = grpc.ssl_channel_credentials(link.ca, link.key, link.certificate)
     delay, waited = backoff, 0.0
     answered: dict[str, ReplyBody] = {}  # token -> reply, across this agent's connections
+    instance = secrets.token_hex(8)  # this process on each of its connections (HelloBody)
     while True:
-        outcome = await _session(link, credentials, dispatch, software, answered)
+        outcome = await _session(link, credentials, dispatch, software, answered, instance)
         if isinstance(outcome, int):
             return outcome
         connected, reason = outcome
@@ -125,6 +125,7 @@ async def _session(
     dispatch: Dispatcher,
     software: str,
     answered: dict[str, ReplyBody],
+    instance: str = "",
 ) -> int | tuple[bool, str]:
     """One connection: an exit code when the agent is done, else (was it admitted, why it
     ended) for the retry loop."""
@@ -134,7 +135,7 @@ async def _session(
     async with open_channel(link.address, credentials, link.server_name) as channel:
         call = stream(channel)()
         try:
-            await call.write(encode(out.make(GATEWAY, 0, HelloBody(link.role, software))))
+            await call.write(encode(out.make(GATEWAY, 0, HelloBody(link.role, software, instance))))
             while True:
                 frame = await call.read()
                 if frame is grpc.aio.EOF:

@@ -4,14 +4,18 @@ A Ray actor on the driver's node (:data:`GatewayActor`) listens on the market's 
 the market's certificate and requires a client certificate signed by the market's client CA
 (mutual TLS: a stranger's certificate, no certificate or plain TCP never reach this code). A
 connection is then admitted only if its certificate's SHA-256 fingerprint is the one the market
-config declares for a party and the agent's first frame, ``agent.hello``, names that party and
-its role: a valid certificate claiming another party's name is refused. Every refused
-connection the gateway's code sees, and every stream replaced by a newer one with the same
-certificate, is counted by (the name claimed, the certificate's fingerprint, the reason)
-(:meth:`Gateway.refusals`): the driver prints each as one line, rate-limited, and report.json
-lists them (actors/run/remote.py). A replaced stream's agent is told (``agent.end`` with
-``replaced``) before its stream closes. A TLS handshake the market's TLS refuses (a foreign
-CA, plain TCP) never reaches this code and is not counted. Every later
+config declares for a party (checked before anything the connection sends is read: an
+undeclared certificate's hello is never read) and the agent's first frame, ``agent.hello``,
+names that party and its role: a valid certificate claiming another party's name is refused.
+Every refused connection the gateway's code sees, every stream replaced by a second concurrent
+one with the same certificate, and every party that dials in again after its stream ended
+(rejoined) is counted by kind, (the certificate's fingerprint, the reason), in a bounded table
+(actors/remote/refused.py, :meth:`Gateway.refusals`): the driver prints each kind, rate-limited,
+and report.json lists them (actors/run/remote.py). The same agent process dialling in again
+(its hello's ``instance``) rejoins even if its old stream has not been seen to end; another
+process's stream replaces the first, whose agent is told (``agent.end`` with ``replaced``)
+before its stream closes. A TLS handshake the market's TLS refuses (a foreign CA, plain TCP)
+never reaches this code and is not counted. Every later
 frame must be an ``agent.reply`` to a call made on this connection (the codec's replay guard,
 fresh per connection, checks its sequence); anything else closes the connection.
 
@@ -26,8 +30,10 @@ whose stream broke less than ``reconnect_grace`` seconds ago (the run's phase de
 for it to come back within that grace and the call's timeout, and a call whose stream broke
 while it was in flight is sent again on the new stream under the same token (``CallBody.token``:
 the agent answers a token it already answered from its cache, so no call runs twice). A party
-that never joined, or left longer ago, answers absent at once. :meth:`finish` tells every agent
-the market is over.
+that never joined, or left longer ago, answers absent at once. :meth:`reachable` names the
+parties a lost owner may be taken back among: connected, offer taken, and shown to be there (no
+call left unanswered on its stream since it last answered or dialled in). :meth:`finish` tells
+every agent the market is over.
 """
 
 from __future__ import annotations
@@ -45,15 +51,22 @@ import ray
 
 from dpmarket.actors.remote.channel import peer_certificate, start_server
 from dpmarket.actors.remote.control import ABSENT, RAISE, AgentUnavailable, pack_call, read_result
+from dpmarket.actors.remote.refused import REJOINED, REPLACED, RefusalCounts
 from dpmarket.actors.remote.tls import fingerprint, server_credentials
-from dpmarket.protocol.agents.messages import ROLES, CallBody, EndBody, HelloBody, ReplyBody
+from dpmarket.protocol.agents.messages import (
+    GATEWAY,
+    ROLES,
+    CallBody,
+    EndBody,
+    HelloBody,
+    ReplyBody,
+)
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.protocol.wire.parties import Outbox
 
 __all__ = ["GATEWAY", "Gateway", "GatewayActor"]
 
-GATEWAY = "market"  # the gateway's name in frames (sender of calls, recipient of replies)
 HELLO_TIMEOUT = 10.0  # seconds an admitted connection has to say who it is
 
 
@@ -69,6 +82,7 @@ class _Session:
     pending: dict[int, asyncio.Future[ReplyBody | None]] = field(default_factory=dict)
     calls: int = 0
     fingerprint: str = ""
+    instance: str = ""  # the agent process's own token from its hello (empty: not said)
     closed: bool = False
 
     def close(self) -> None:
@@ -113,22 +127,23 @@ class Gateway:
         self.port = 0
         self.log: list[dict[str, Any]] = []  # joins, leaves and refusals, in order
         self.errors: dict[str, list[str]] = {}
-        self._refused: list[dict[str, Any]] = []  # each refused or replaced connection, in order
+        self._counts = RefusalCounts()  # refused, replaced, rejoined: by (fingerprint, reason)
+        self._silent: set[str] = set()  # left a call unanswered on an open stream (reachable)
 
     def _note(self, event: str, party: str | None, detail: str = "") -> None:
         self.log.append({"at": time.time(), "event": event, "party": party, "detail": detail})
         if event == "refused":
             print(f"dpmarket gateway: refused a connection: {detail}", file=sys.stderr, flush=True)
 
-    def _count(self, claimed: str | None, fp: str | None, reason: str, detail: str) -> None:
-        """One refused or replaced connection (module docstring)."""
-        self._refused.append(
-            {"claimed": claimed, "fingerprint": fp, "reason": reason, "detail": detail}
-        )
+    def _count(self, claimed: str | None, fp: str | None, reason: str, detail: str) -> bool:
+        """One refused, replaced or rejoined connection (actors/remote/refused.py); True for the
+        first of its kind."""
+        return self._counts.add(claimed, fp, reason, detail)
 
-    async def refusals(self, since: int = 0) -> tuple[int, list[dict[str, Any]]]:
-        """The refused or replaced connections from the ``since``-th on, and how many so far."""
-        return len(self._refused), [dict(r) for r in self._refused[since:]]
+    async def refusals(self) -> list[dict[str, Any]]:
+        """Every kind of refused, replaced or rejoined connection with its count so far (at
+        most ``MAX_KINDS`` + 1 entries, however many connections came)."""
+        return self._counts.entries()
 
     async def start(self) -> int:
         """Listen (once); returns the bound port."""
@@ -151,10 +166,19 @@ class Gateway:
         return sorted(self._sessions)
 
     async def reachable(self) -> list[str]:
-        """The parties connected now that took the current offer (a node takes none): a lost
+        """The parties connected now that took the current offer (a node takes none) and
+        showed they are there: none of them leaves a call unanswered on its current stream,
+        nor let one time out on an open stream since it last answered or dialled in (a
+        connected owner that stays silent is no more reachable than an absent one). A lost
         owner among them may be asked again (actors/parties/transport.py)."""
         owners = {p for p, (role, _) in self.parties.items() if role == "owner"}
-        return sorted(p for p in self._sessions if p not in owners or p in self._took_offer)
+        return sorted(
+            p
+            for p, session in self._sessions.items()
+            if (p not in owners or p in self._took_offer)
+            and p not in self._silent
+            and not session.pending
+        )
 
     async def report(self) -> dict[str, Any]:
         """Joins, leaves and refusals so far, and each party's call errors."""
@@ -188,6 +212,8 @@ class Gateway:
             try:
                 reply = await asyncio.wait_for(fut, max(0.0, deadline - time.monotonic()))
             except TimeoutError:
+                if not session.closed:  # connected, and silent: not reachable until it answers
+                    self._silent.add(party)
                 return None, f"no answer to {method} within {self.call_timeout:g} s"
             finally:
                 session.pending.pop(call, None)
@@ -246,9 +272,10 @@ class Gateway:
         detail: str,
         seen: tuple[str | None, str | None, str] = (None, None, "refused"),
     ) -> None:
-        """Refuse the connection; ``seen``: (the name claimed, the fingerprint, the reason)."""
-        self._note("refused", None, detail)
-        self._count(*seen, detail)
+        """Refuse the connection; ``seen``: (the name claimed, the fingerprint, the reason).
+        Only the first of each kind goes into the gateway's own log."""
+        if self._count(*seen, detail):
+            self._note("refused", None, detail)
         await context.abort(code, detail)
 
     async def _admit(self, requests: AsyncIterator[bytes], context: Any) -> _Session | None:
@@ -262,25 +289,24 @@ class Gateway:
             return None
         fp = fingerprint(pem)
         party = self._by_fingerprint.get(fp)
+        if party is None:  # refused on its certificate alone: its hello is never read
+            await self._refuse(
+                context,
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"certificate {fp} is not declared for any party of market {self.market!r}",
+                (None, fp, "certificate not declared"),
+            )
+            return None
         guard = ReplayGuard()
-        try:  # the hello names what the connection claims, even under a stranger's certificate
+        try:  # the hello: what a declared certificate's connection claims to be
             first = await asyncio.wait_for(requests.__anext__(), HELLO_TIMEOUT)
             hello = decode(first, guard)
         except (TimeoutError, StopAsyncIteration, RemoteProtocolError) as exc:
-            detail = f"{party or fp}: no valid hello ({type(exc).__name__}: {exc})"
+            detail = f"{party}: no valid hello ({type(exc).__name__}: {exc})"
             seen = (party, fp, "no valid hello")
             await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, detail, seen)
             return None
         claimed, body = hello.sender, hello.body
-        if party is None:
-            await self._refuse(
-                context,
-                grpc.StatusCode.UNAUTHENTICATED,
-                f"certificate {fp} (claiming {claimed!r}) is not declared for any party of "
-                f"market {self.market!r}",
-                (claimed, fp, "certificate not declared"),
-            )
-            return None
         role = self.parties[party][0]
         if not isinstance(body, HelloBody):
             detail = f"{party}: first frame {hello.kind}"
@@ -303,7 +329,8 @@ class Gateway:
                 (claimed, fp, "another market"),
             )
             return None
-        return _Session(party, role, Outbox(self.market, GATEWAY), guard, fingerprint=fp)
+        outbox = Outbox(self.market, GATEWAY)
+        return _Session(party, role, outbox, guard, fingerprint=fp, instance=body.instance)
 
     async def _connect(self, requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         session = await self._admit(requests, context)
@@ -311,16 +338,23 @@ class Gateway:
             return
         party = session.party
         old = self._sessions.get(party)
-        if old is not None:  # a reconnection: the new stream replaces the old one
+        rejoined = old is None and party in self._left
+        if old is not None and _same_agent(old, session):  # its own old stream: ended or dead
+            old.close()
+            old, rejoined = None, True
+        if old is not None:  # a second concurrent stream: it replaces the first
             reason = "replaced by a newer stream with this party's certificate"
-            self._count(party, session.fingerprint, "stream replaced", f"{party}: {reason}")
-            # its agent is told why (a second agent with its certificate is running, or its
-            # own old stream, already dead, receives nothing), then the stream closes
+            self._count(party, session.fingerprint, REPLACED, f"{party}: {reason}")
+            # its agent is told why (a second agent with its certificate is running), then
+            # the stream closes
             end = EndBody(reason, finished=False, replaced=True)
             old.queue.put_nowait(encode(old.outbox.make(party, 0, end)))
             old.close()
+        elif rejoined:
+            self._count(party, session.fingerprint, REJOINED, f"{party}: dialled in again")
+        self._silent.discard(party)  # dialling in again shows it is there (reachable)
         self._sessions[party] = session
-        self._note("joined", party, "rejoined" if old is not None else "")
+        self._note("joined", party, "rejoined" if rejoined else "")
         reader = asyncio.ensure_future(self._read(session, requests))
         try:
             while (frame := await session.queue.get()) is not None:
@@ -344,6 +378,7 @@ class Gateway:
                     raise RemoteProtocolError(
                         f"expected a reply from {session.party}, got {msg.kind}"
                     )
+                self._silent.discard(session.party)  # it answers: it is there (reachable)
                 fut = session.pending.get(body.call)
                 if fut is None:
                     continue  # a reply to a call that timed out: dropped
@@ -356,6 +391,13 @@ class Gateway:
             return  # the stream ended or broke: the session closes below, its calls answer absent
         finally:
             session.close()
+
+
+def _same_agent(old: _Session, new: _Session) -> bool:
+    """Whether ``new`` is the agent of ``old`` dialling in again: the old stream ended (or is
+    closing), or the hello names the same agent process (its stream is dead at the agent, not
+    yet at the market: a link that went silent)."""
+    return old.closed or (bool(new.instance) and new.instance == old.instance)
 
 
 GatewayActor = ray.remote(num_cpus=0)(Gateway)

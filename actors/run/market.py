@@ -115,7 +115,7 @@ def _drive(
         # the secure-sum session, node keys and round plan exist before any owner actor does
         prep = prepare_secure(
             config, inputs.owners, inputs.gamma, run_plan.params, snapshot,
-            remote.node_keys if remote is not None else None,
+            remote.node_keys if remote is not None else None, run_plan.normalise_skipped,
         )  # fmt: skip
         if (declined := consumer_refusal(config, run_plan.params, ledger_run)) is not None:
             payload = declined

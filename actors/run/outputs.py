@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from dpmarket.actors.harness.evaluation import svm_accuracy
 from dpmarket.actors.randomness import public_generator
-from dpmarket.protocol.summary.objective import mmd2, rbf_gram
+from dpmarket.protocol.summary.objective import greedy_exact, mmd2, rbf_gram
 from dpmarket.streams.synthetic import Scenario
 
 __all__ = ["mmd2_by_prefix", "simulation_utility", "write_plots", "write_summary"]
@@ -100,7 +100,11 @@ def write_plots(out: Path, privacy: dict[str, Any], curves: dict[str, F64]) -> N
 def simulation_utility(
     scenario: Scenario, payload: dict[str, Any], seed: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Harness-side utility of the summary against exact greedy and uniform (simulation only)."""
+    """Harness-side utility of the summary (simulation only), in the order the CLI prints it:
+    the private summary; ``random``, a random purchase of as many points as the curator
+    accessed (owners in proportion to their size, as random-select buys) followed by the same
+    exact selection against D_v in the curator's kernel (standardised when the run was); p
+    points sampled uniformly; exact greedy over the whole pool."""
     from dpmarket.actors.harness.inprocess import baselines
 
     p, gamma = len(payload["provenance"]), scenario.gamma
@@ -108,11 +112,11 @@ def simulation_utility(
         return {}, {}
     base = baselines(scenario, p, 140, gamma, seed, public_generator(seed + 1))
     test_y = scenario.test_y.astype(np.float64)
-    methods = {
-        "private": (payload["points"], payload["labels"]),
-        "greedy": base.greedy,
-        "uniform": base.uniform,
-    }
+    methods: dict[str, tuple[Any, Any]] = {"private": (payload["points"], payload["labels"])}
+    size = int(payload.get("distinct_points") or 0)
+    if size >= p:
+        methods["random"] = random_purchase(scenario, payload, size, p, public_generator(seed + 2))
+    methods |= {"uniform": base.uniform, "greedy": base.greedy}
     utility = {
         name: {
             "mmd2": mmd2(X, scenario.test_X, gamma),
@@ -120,5 +124,28 @@ def simulation_utility(
         }
         for name, (X, y) in methods.items()
     }
+    if "random" in utility:
+        utility["random"]["points"] = size
     curves = {name: mmd2_by_prefix(X, scenario.test_X, gamma) for name, (X, _) in methods.items()}
     return utility, curves
+
+
+def random_purchase(
+    scenario: Scenario, payload: dict[str, Any], size: int, p: int, rng: np.random.Generator
+) -> tuple[F64, F64]:
+    """``size`` pooled records drawn uniformly at random (each owner in proportion to its
+    size), then the curator's exact selection of ``p`` of them against the validation set: on
+    the features the run's kernel saw (the DP standardisation when it was applied) with its
+    gamma. What random-select buys at the private purchase's size (harness only)."""
+    X = np.concatenate([X for X, _ in scenario.owners])
+    y = np.concatenate([y for _, y in scenario.owners]).astype(np.float64)
+    bought = np.sort(rng.choice(len(X), size=min(size, len(X)), replace=False))
+    standard = (payload.get("secure_phases") or {}).get("standardize") or {}
+    center, scale, gamma = np.zeros(X.shape[1]), np.ones(X.shape[1]), scenario.gamma
+    if standard.get("applied"):
+        center = np.asarray(standard["center"], dtype=np.float64)
+        scale = np.asarray(standard["scale"], dtype=np.float64)
+        gamma = float(standard["gamma"])
+    pool = (X[bought] - center) / scale
+    chosen = bought[greedy_exact(pool, (scenario.validation - center) / scale, p, gamma)]
+    return X[chosen], y[chosen]

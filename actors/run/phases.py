@@ -24,6 +24,7 @@ from dpmarket.actors.parties.dcaowner import OperatorTrust
 from dpmarket.actors.parties.faults import FaultPlan
 from dpmarket.actors.parties.securephase_journal import journaled_summary, secure_resumable
 from dpmarket.actors.remote.handles import is_remote
+from dpmarket.actors.run.preflight import expected_records
 from dpmarket.actors.run.spawn import OwnerInputs, RayMarket, actor_options, unique_actors
 from dpmarket.protocol.privacy.ledger import record_relation
 from dpmarket.protocol.securesum.plan import SecureSumPlan
@@ -71,6 +72,7 @@ def prepare_secure(
     params: CuratorParams,
     snapshot: Any,
     remote_nodes: dict[str, bytes | None] | None = None,
+    normalise_skipped: str | None = None,
 ) -> SecurePrep | None:
     """The secure-sum session of a run, from the public config alone (None when the secure
     phases are off or the resumed journal holds them finished:
@@ -96,7 +98,11 @@ def prepare_secure(
     one gave over its authenticated stream (None: it never joined; it is pinned to a key
     nobody holds, so the session cannot start without it, as with a lost local node). They
     make their own keys; the local nodes are ``compute-1 ..`` for the rest of
-    ``compute_nodes``."""
+    ``compute_nodes``.
+
+    ``normalise_skipped``: the plan's line when it predicts the normalise release would be
+    discarded (actors/run/preflight.py ``discarded_normalise``, from public numbers only): the
+    round is left out of the plan, so no owner or node opens it and nobody is charged for it."""
     from dpmarket.protocol.securesum.driver import _auto_frac_bits
     from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
 
@@ -164,6 +170,8 @@ def prepare_secure(
         ),
         "scan": ("sketch", d_sketch, float(secure["eps_scan"]), sens_sketch, 1, sketch),
     }
+    if normalise_skipped is not None:  # not planned: never opened, never charged
+        del planned["normalise"]
     if refreshes:
         eps = float(secure["eps_refresh"])
         planned["refresh"] = ("sketch_delta", d_sketch, eps, sens_sketch, refreshes, sketch)
@@ -182,6 +190,7 @@ def prepare_secure(
         "timeout": max(2.0, config.deadline_seconds),
         "sketch": sketch,
         "neighbouring": record_relation(relation),  # every round's, as the plan's
+        "normalise_skipped": normalise_skipped,
     }
     behaviours = {o: "withhold" for o in config.faults.colluders}  # a simulated fault
     return SecurePrep(dca, node_keys, OperatorTrust(dca, pins, rounds, behaviours), plan)
@@ -301,7 +310,7 @@ def spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     import ray
 
     from dpmarket.actors.cluster.placement import preflight_owners
-    from dpmarket.actors.parties.compute import ComputeNodeActor
+    from dpmarket.actors.parties.ray_actors import ComputeNodeActor
     from dpmarket.protocol.securesum.sealing import generate_keypair
 
     owners, dca = market.owners, prep.config
@@ -359,13 +368,20 @@ def standardize(
         return {"applied": False, "reason": "resumed run: the journal holds the standardisation"}
     if not config.secure["standardize"] or normalise.get("status") != "released":
         reason = "disabled" if not config.secure["standardize"] else "no normalise release"
+        if normalise.get("status") == "skipped":
+            reason = f"no normalise round: {normalise['reason']}"
         return {"applied": False, "reason": reason}
     useful, why = standardisation_verdict(float(normalise["count"]), float(normalise["sigma"]))
     if not useful:  # decided from the DP release alone (post-processing)
         print(f"dpmarket: WARNING: standardisation skipped: {why}", file=sys.stderr)
         return {"applied": False, "reason": why}
     bound = float(config.data.get("bound", 10.0))
-    result = standardisation_of(normalise, bound, inputs.seed_set, config.data.get("gamma"))
+    records = expected_records(
+        inputs, config.data.get("files") if config.source == "files" else None
+    )
+    result = standardisation_of(
+        normalise, bound, inputs.seed_set, config.data.get("gamma"), records
+    )
     ray.get(
         market.curator.standardize.remote(list(result.center), list(result.scale), result.gamma)
     )
@@ -373,10 +389,11 @@ def standardize(
 
 
 def standardisation_of(
-    normalise: dict[str, Any], bound: float, seed_set: Any, gamma: Any
+    normalise: dict[str, Any], bound: float, seed_set: Any, gamma: Any, records: float = 0.0
 ) -> Standardisation:
     """The per-feature standardisation from a released normalise summary (``moments_summary``)
-    and the public seed set; ``gamma`` (the config's ``[data].gamma``) fixes the kernel width."""
+    and the public seed set; ``gamma`` (the config's ``[data].gamma``) fixes the kernel width;
+    ``records`` the public pool size the plan read (0: the DP count decides)."""
     return standardisation(
         normalise["mean"],
         normalise["std"],
@@ -385,6 +402,7 @@ def standardisation_of(
         bound,
         seed_set,
         None if gamma is None else float(gamma),
+        records or None,
     )
 
 

@@ -48,17 +48,23 @@ class RemoteParties:
     declined: dict[str, str] = field(default_factory=dict)
     watch: RefusalWatch | None = None  # prints the gateway's refusals while the run goes on
     refusals: list[dict[str, Any]] = field(default_factory=list)  # kinds and counts, at the end
+    rejoined: list[dict[str, Any]] = field(default_factory=list)  # parties that dialled in again
 
     def collect(self) -> None:
         """Every kind of refusal so far with its count (the watch goes on: a run of
         ``[[requests]]`` reports each request)."""
         if self.watch is not None:
             self.watch.poll(force=True)
-            self.refusals = self.watch.lines.entries()
+            self._take(self.watch)
+
+    def _take(self, watch: RefusalWatch) -> None:
+        self.refusals, self.rejoined = watch.lines.entries(), watch.lines.entries(rejoined=True)
 
     def stop_watching(self) -> None:
         if self.watch is not None:
-            self.refusals, self.watch = self.watch.stop(), None
+            self.watch.stop()
+            self._take(self.watch)
+            self.watch = None
 
     def public(self) -> dict[str, Any]:
         """For report.json: who joined, who declined and why, who never came (participation
@@ -73,6 +79,8 @@ class RemoteParties:
         }
         if self.refusals:  # an optional key: present when a connection was refused or replaced
             public["refusals"] = list(self.refusals)
+        if self.rejoined:  # an optional key: a party dialled in again after its stream ended
+            public["rejoined"] = {e["claimed"]: e["count"] for e in self.rejoined}
         return public
 
 

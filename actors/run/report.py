@@ -42,12 +42,16 @@ Public ``report.json`` (schema 2; schema 1 was a single report mixing both sides
   points), ``allocation`` (allocate-select's public ``rule``, score ``ridge``,
   ``noise_multiplier``, the hedge's ``random_share`` of max_points bought at random and the
   counts' ``floor``; null: none). The realised counts are the consumer's (below).
-- ``faults``: owners lost (epoch), dropped, frames late, deliveries rejected, the colluders,
+- ``faults``: owners lost (epoch), ``returned`` (lost owners taken back, how often) and
+  ``kept_out`` (lost owners not taken back again, and why), dropped, frames late, deliveries
+  rejected, the colluders,
   ``transport`` (``refused`` frames per owner, ``expelled`` and ``dead`` parties) and
   ``verdicts`` (per simulated fault: tolerated and how, or not triggered, with the T budget
   used): which parties failed and how T was spent, which owners need to check; ``remote``
   (with ``[remote]``: the remote owners and nodes, those absent at the join deadline, and the
-  owners that declined the purchase by their own policy, with their reasons).
+  owners that declined the purchase by their own policy, with their reasons; ``refusals``:
+  each kind of refused or replaced connection with its count; ``rejoined``: how often each
+  party dialled in again after its stream ended).
 - ``timings``: ``start``, ``ingest_and_summarise`` and ``summarise`` (the curator's run: its
   setup, every epoch and the finish) seconds (wall clock the owners observe).
 - ``secure_phases``: the secure-sum rounds' DP releases and their noise: ``normalise`` (DP pool
@@ -90,8 +94,9 @@ Consumer's ``report.private.json`` (schema 2):
   the market with the consumer; never for another owner.
 - ``timings``: seconds of the harness's ``utility`` computation (simulation).
 - ``utility`` (simulation only, computed by the harness from data it generated, never by the
-  curator): MMD^2 to the test set and LinearSVC accuracy of the summary, exact greedy and
-  uniform sampling; the summary is the consumer's.
+  curator): MMD^2 to the test set and LinearSVC accuracy of the summary, of a random purchase
+  of as many points as the curator accessed followed by the same exact selection (``random``,
+  with its ``points``), of uniform sampling and of exact greedy; the summary is the consumer's.
 
 Aggregate counts. ``distinct_points``, ``total_transfers``, ``purchased_pool``, rho and the
 transport's frame and byte counts depend on the owners' data beyond any DP release: whether
@@ -119,7 +124,8 @@ adds nothing; ``moved``: now in report.private.json.
   is the pool's size, a count);
   ``validation_size``, ``final_selection``, ``max_points``, ``allocation``: yes (config);
   ``distinct_points``, ``total_transfers``, ``rho``, ``purchased_pool``: no, moved.
-- ``faults``: ``lost``, ``dropped``, ``late_frames``, ``rejected``, ``verdicts``,
+- ``faults``: ``lost``, ``returned``, ``kept_out``, ``dropped``, ``late_frames``, ``rejected``,
+  ``verdicts``,
   ``colluders`` and ``transport.refused/expelled/dead``: no*, fault evidence kept public
   (owners must see how T was spent). A deadline reads the clock and an owner's reply time
   grows with its records, so who was dropped or late is timing, which every party observes.
@@ -363,6 +369,8 @@ def public_report(
         },
         "faults": {
             "lost": payload["lost"],
+            "returned": payload.get("returned", {}),  # lost owners taken back: how often
+            "kept_out": payload.get("kept_out", {}),  # not taken back again, and why
             "dropped": payload["dropped"],
             "late_frames": payload["late_frames"],
             "rejected": payload["rejected"],

@@ -250,7 +250,7 @@ def _one_request(
     params, tick = plan.params, time.perf_counter()
     prep = prepare_secure(
         config, inputs.owners, inputs.gamma, params, None,
-        remote.node_keys if remote is not None else None,
+        remote.node_keys if remote is not None else None, plan.normalise_skipped,
     )  # fmt: skip
     pids: dict[str, int] = {}
     if (declined := consumer_refusal(config, params, ledger_run)) is not None:

@@ -130,7 +130,7 @@ def spawn_owners(
 ) -> dict[str, Any]:
     """The owner actors (:func:`spawn_market`): owner name -> handle (co-located owners share
     one), each named ``dpmarket:RUN:ROLE``."""
-    from dpmarket.actors.parties.owner import OwnerActor
+    from dpmarket.actors.parties.ray_actors import OwnerActor
 
     placement = placement or {}
     owners: dict[str, Any] = {}

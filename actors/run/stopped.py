@@ -78,6 +78,8 @@ def stopped_report(
         },
         "faults": {
             "lost": refusal.get("lost", []),
+            "returned": payload.get("returned", {}),  # lost owners taken back, how often
+            "kept_out": payload.get("kept_out", {}),  # not taken back again, and why
             "nodes": refusal.get("nodes", []),
             "colluders": list(colluders),
             "tolerance": refusal.get("tolerance"),

@@ -46,6 +46,7 @@ from dpmarket.actors.parties.securephase_journal import LABELS, moments_summary
 from dpmarket.actors.parties.transport import LoopbackTransport
 from dpmarket.actors.randomness import NoiseSource, public_generator
 from dpmarket.actors.run.phases import prepare_secure, standardisation_of
+from dpmarket.actors.run.preflight import discarded_normalise
 from dpmarket.actors.run.spawn import OwnerInputs
 from dpmarket.actors.studies.config import PHASES, Cell
 from dpmarket.protocol.privacy.dgauss import client_sigma
@@ -158,7 +159,11 @@ def trial_secure_phases(
 ) -> TrialSecure:
     """Normalise, standardisation and scan as actors/run/phases.py runs them, in-process."""
     inputs = OwnerInputs.of(scenario)
-    prep = prepare_secure(config, inputs, scenario.gamma, curator.params, None)
+    records = float(sum(len(X) for X, _ in scenario.owners))  # the config's n_points: public
+    k = int(scenario.validation.shape[1])
+    discard = discarded_normalise(config, k, records, curator.params)
+    skipped = discard[1] if discard is not None and discard[0] else None
+    prep = prepare_secure(config, inputs, scenario.gamma, curator.params, None, None, skipped)
     out = TrialSecure()
     if prep is None:
         return out
@@ -170,6 +175,8 @@ def trial_secure_phases(
     absent: list[str] = []
     for number, (label, what) in enumerate((("normalise", "moments"), ("scan", "sketch")), 1):
         absent += [o for o, (phase, _) in draw.drops.items() if phase == label]
+        if label not in rounds.rounds:  # a normalise round the plan skipped (as a run does)
+            continue
         spec = rounds.spec(label, number)
         options = rounds.options(label) if what == "moments" else prep.plan["sketch"]
         values = np.stack(
@@ -200,7 +207,10 @@ def _standardize(
     if not useful:
         return
     bound = float(config.data.get("bound", 10.0))
-    standard = standardisation_of(summary, bound, scenario.seed_set, config.data.get("gamma"))
+    records = float(sum(len(X) for X, _ in scenario.owners))  # n_points: public
+    standard = standardisation_of(
+        summary, bound, scenario.seed_set, config.data.get("gamma"), records
+    )
     curator.standardize(list(standard.center), list(standard.scale), standard.gamma)
 
 

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from dpmarket.protocol.wire.checks import Count
 from dpmarket.protocol.wire.codec import Body, register
 
-__all__ = ["ROLES", "CallBody", "EndBody", "HelloBody", "ReplyBody"]
+__all__ = ["GATEWAY", "ROLES", "CallBody", "EndBody", "HelloBody", "ReplyBody"]
 
 ROLES = ("owner", "node")
+GATEWAY = "market"  # the gateway's name in frames (sender of calls, recipient of replies)
 
 
 @register("agent.hello")
@@ -29,6 +30,10 @@ class HelloBody(Body):
 
     role: str  # one of ROLES (the gateway refuses any other)
     software: str
+    # a token the agent process draws once and says on each of its connections (empty: not
+    # said): the gateway tells the same agent dialling in again (a blink) from a second agent
+    # with the same certificate (actors/remote/gateway.py)
+    instance: str = ""
 
 
 @register("agent.call")

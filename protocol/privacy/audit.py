@@ -39,7 +39,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats
 
 __all__ = [
     "AuditResult",
@@ -64,6 +63,8 @@ def clopper_pearson(successes: int, trials: int, confidence: float) -> tuple[flo
         raise ValueError(f"need 0 <= successes <= trials, trials >= 1, confidence in (0, 1); "
                          f"got {successes}, {trials}, {confidence}")  # fmt: skip
     tail = (1.0 - confidence) / 2.0
+    from scipy import stats  # on use: the audit command only, not every importer of privacy/
+
     low = 0.0 if successes == 0 else float(stats.beta.ppf(tail, successes, trials - successes + 1))
     high = (
         1.0
@@ -76,6 +77,8 @@ def clopper_pearson(successes: int, trials: int, confidence: float) -> tuple[flo
 def _bounds(k_in: F64, k_out: F64, n: int, delta: float, confidence: float) -> F64:
     """Vectorised ``ln((CP_low(k_in) - delta) / CP_high(k_out))``; 0 where nothing is shown."""
     tail = (1.0 - confidence) / 2.0
+    from scipy import stats  # on use, as in clopper_pearson
+
     low = np.where(k_in > 0, stats.beta.ppf(tail, np.maximum(k_in, 1), n - k_in + 1), 0.0)
     high = np.where(k_out < n, stats.beta.ppf(1.0 - tail, k_out + 1, np.maximum(n - k_out, 1)), 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):

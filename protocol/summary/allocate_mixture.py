@@ -41,7 +41,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import nnls
 
 __all__ = [
     "PROFILE_CLIP_QUANTILE",
@@ -154,6 +153,8 @@ def mixing_weights(
         raise ValueError("profiles and target must be finite vectors of one length")
     A = np.vstack([M, np.full((1, len(names)), _SUM_WEIGHT)])
     b = np.concatenate([g, [_SUM_WEIGHT]])
+    from scipy.optimize import nnls  # on use: its import is ~50 MB an owner need not hold
+
     w, _ = nnls(A, b)
     total = float(np.sum(w))
     if not total > 0:

@@ -52,10 +52,15 @@ from dpmarket.protocol.wire.codec import Message
 from dpmarket.protocol.wire.errors import LocalProtocolError, RemoteProtocolError
 from dpmarket.protocol.wire.parties import Handler, Outbox, dispatch
 
-__all__ = ["Curator", "CuratorParams", "Provenance", "SummaryResult"]
+__all__ = ["MAX_RETURNS", "Curator", "CuratorParams", "Provenance", "SummaryResult"]
 
 F64 = npt.NDArray[np.float64]
 CURATOR = "curator"
+MAX_RETURNS = 3
+"""Times one owner is taken back in a run (:meth:`Curator.returned`). Each return of an owner
+that then misses the deadline again costs the run one phase deadline; an owner that comes back
+and is lost again this many times stays lost (it still counts against T in every epoch it is
+absent), so no owner can slow a run by more than this many deadlines by coming and going."""
 
 
 class Curator(EpochCycle):
@@ -112,6 +117,7 @@ class Curator(EpochCycle):
         self.reason = ""
         self.lost: dict[str, int] = {}  # owner -> epoch at which it missed a deadline
         self.back: set[str] = set()  # lost owners reachable again: live from the next epoch
+        self.returns: dict[str, int] = {}  # owner -> times taken back (MAX_RETURNS at most)
         self.refusal: dict[str, object] = {}
         self.checkpoint_due = False  # a release or an auction happened: journal the state now
         self._table: dict[tuple[str, str], Handler] = {
@@ -210,8 +216,18 @@ class Curator(EpochCycle):
         offer and whose link is back). Those of them that were lost are asked again from the
         next epoch on (:meth:`_open_epoch`); T counts the owners absent from each epoch
         (:meth:`lose`), so a returning owner no longer counts once it is back (and counts again
-        if it misses that epoch's deadline too)."""
-        self.back |= {o for o in owners if o in self.lost} - self.live
+        if it misses that epoch's deadline too). An owner already taken back
+        :data:`MAX_RETURNS` times is not taken back again (:meth:`kept_out`)."""
+        again = {o for o in owners if o in self.lost} - self.live
+        self.back |= {o for o in again if self.returns.get(o, 0) < MAX_RETURNS}
+
+    def kept_out(self) -> dict[str, str]:
+        """The lost owners not taken back again, and why (report.json ``faults``)."""
+        return {
+            o: f"lost again after coming back {n} times (at most {MAX_RETURNS}): not taken back"
+            for o, n in sorted(self.returns.items())
+            if n >= MAX_RETURNS and o not in self.live
+        }
 
     def _is_late(self, msg: Message) -> bool:
         """An answer to a phase that has already closed (deadline passed or run finished)."""

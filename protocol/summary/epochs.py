@@ -62,6 +62,7 @@ class EpochCycle(AllocationCycle):
     owners: list[str]
     live: set[str]
     back: set[str]
+    returns: dict[str, int]
     state: str
     reason: str
     epoch: _Epoch
@@ -99,6 +100,8 @@ class EpochCycle(AllocationCycle):
             return self._finish("allocation delivered")
         self.epoch = _Epoch(number, g_summary, len(self.provenance))
         self.state, self.checkpoint_due = "bidding", True
+        for owner in self.back - self.live:  # counted: at most MAX_RETURNS (curator.py)
+            self.returns[owner] = self.returns.get(owner, 0) + 1
         self.live |= self.back  # lost owners back again take part from this epoch on
         self.back = set()
         return [self._out.make(o, number, self._epoch_message(o)) for o in sorted(self.live)]

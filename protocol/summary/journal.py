@@ -136,6 +136,7 @@ def snapshot_curator(
         "reason": c.reason,
         "refusal": dict(c.refusal),
         "lost": dict(c.lost),
+        "returns": dict(c.returns),  # optional: a journal without it took nobody back
         "live": sorted(c.live),
         "seq": c._out._seq,
         "rng": None,  # kept for readers of version 2; the generator's key is never journaled
@@ -238,6 +239,7 @@ def restore_curator(
     c.state, c.reason = snapshot["state"], snapshot["reason"]
     c.refusal, c.lost = dict(snapshot["refusal"]), dict(snapshot["lost"])
     c.live = set(snapshot["live"])
+    c.returns = {str(o): int(n) for o, n in (snapshot.get("returns") or {}).items()}
     c._out._seq = int(snapshot["seq"])
     c._g_validation = _need(snapshot["g_validation"])
     c._summary_H = [_need(h) for h in snapshot["summary_H"]]

@@ -28,7 +28,8 @@ again after a curator's resume gets the same draw while the biddable records are
 Deadlines: a phase's deadline is armed at the first ``expire(now)`` after it opens and fires at
 ``now >= armed + phase_timeout``; owners that have not answered by then count as dropped for that
 epoch and the phase continues without them; a dropped owner is not asked again unless the runtime
-reports it reachable (``Curator.returned``: then from the next epoch on), and T counts the
+reports it reachable (``Curator.returned``: then from the next epoch on, and at most
+``MAX_RETURNS`` times in a run), and T counts the
 owners absent from the current epoch. An epoch that adds nothing
 (nobody asked, every delivery failed verification) repeats with the *same* release (no new
 privacy cost); the run stops after ``max_epochs`` steering epochs (plus any exploration epochs)

@@ -53,9 +53,11 @@ class ParamError(ValueError):
     """An invalid :class:`CuratorParams` field; ``field`` names it (the config layer maps it to
     the key a user wrote)."""
 
-    def __init__(self, field: str, detail: str) -> None:
+    def __init__(self, field: str, detail: str, passing: tuple[str, Any] | None = None) -> None:
         super().__init__(f"CuratorParams.{field}: {detail}")
         self.field, self.detail = field, detail
+        # (field, value) that would pass this check, when one value does
+        self.passing = passing
 
 
 # field -> (kind, low, high, low_open, optional): "int" is an integer in [low, high]; "real" a
@@ -116,23 +118,55 @@ _RELATIONS = {
     "eta": "2 / eta must be a whole number (the quantisation grid), got {self.eta!r}",
     "explore_share": "{self.explore_share!r} > 0 needs final_selection = 'exact'",
     "max_points": "{self.max_points!r} is below p = {self.p}: the summary could not be bought",
-    "allocate": "allocate-select (allocate = true, or max_points or an allocation key without "
-    "allocate = false) needs "
-    "max_points, final_selection = 'exact', explore_share = 0 and max_deliveries = 1 (a record "
-    "delivered again would add an epoch every owner sees, an uncharged function of that "
-    "owner's records beyond its histogram; allocate = false keeps herding-select under "
-    "max_points)",
+    "allocate": "allocate-select needs max_points, final_selection = 'exact', explore_share = "
+    "0 and max_deliveries = 1 (a record delivered again would add an epoch every owner sees, "
+    "an uncharged function of that owner's records beyond its histogram; exploration steers "
+    "nothing it does not already buy at random); allocate = false keeps herding-select under "
+    "max_points",
     "steered": "random_share = {self.random_share!r} leaves no point of max_points = "
     "{self.max_points} to steer, yet every owner would pay the histogram: use random-select "
     "(random_purchase = true) to buy every point at random",
     "random_share": "random_share = {self.random_share!r} > 0 is a share of allocate-select's "
     "budget (allocate = true); random-select buys all of it at random",
-    "random_purchase": "random-select (random_purchase = true) needs max_points, "
-    "final_selection = 'exact', explore_share = 0 and allocate = false",
+    "random_purchase": "random-select needs max_points, final_selection = 'exact', "
+    "explore_share = 0 and allocate = false; a steering key in [summary] or mechanism = "
+    '"herding-select" keeps herding-select',
     "scale": "center and scale must be given together, scale > 0",
     "neighbouring": "'add_remove' refused with {self._exact_counts}: each sends an owner's exact "
     "record count n_i to the curator, an unbounded release under add/remove of one record; "
     "keep neighbouring = 'replace' (the default), or turn them off",
+}
+
+
+# The mechanisms' required settings, checked key by key so a refusal names the key that fails
+# and the value that passes: (what selected it, ((field, test), ...)).
+_COMBINATIONS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
+    "allocate": (
+        "allocate-select (allocate = true, or max_points or an allocation key without "
+        "allocate = false)",
+        (
+            ("max_points", lambda v: v is not None),
+            ("final_selection", lambda v: v == "exact"),
+            ("explore_share", lambda v: v == 0),
+            ("max_deliveries", lambda v: v == 1),
+        ),
+    ),
+    "random_purchase": (
+        'random-select (random_purchase = true, mechanism = "random-select", or a [summary] '
+        "without steering keys)",
+        (
+            ("max_points", lambda v: v is not None),
+            ("final_selection", lambda v: v == "exact"),
+            ("explore_share", lambda v: v == 0),
+            ("allocate", lambda v: not v),
+        ),
+    ),
+}
+_PASSING: dict[str, Any] = {
+    "final_selection": "exact",
+    "explore_share": 0.0,
+    "max_deliveries": 1,
+    "allocate": False,
 }
 
 
@@ -290,6 +324,8 @@ class CuratorParams:
             "neighbouring": self.neighbouring != "add_remove" or not self._exact_counts,
         }
         for name, ok in relations.items():
+            if not ok and name in _COMBINATIONS:
+                raise self._combination_error(name)
             if not ok:
                 raise ParamError(name, _RELATIONS[name].format(self=self, max_d=MAX_D))
         mwem = "mwem" in (self.validation_release, self.summary_release)
@@ -300,6 +336,23 @@ class CuratorParams:
                 f"d = {self.d} with grid step {self.grid_step:g} gives MWEM marginals of {cells} "
                 f"cells, more than one journal array holds ({MAX_D}); lower d or raise eta",
             )
+
+    def _combination_error(self, flag: str) -> ParamError:
+        """A mechanism's refused combination, naming the first key that fails, its value and
+        the value that would pass (``ParamError.passing``), and why the mechanism needs it."""
+        what, needs = _COMBINATIONS[flag]
+        for key, passes in needs:
+            current = getattr(self, key)
+            if passes(current):
+                continue
+            value: Any = math.ceil(1.5 * self.p) if key == "max_points" else _PASSING[key]
+            return ParamError(
+                key,
+                f"{key} = {current!r} cannot be used with {what}; {key} = {value!r} passes "
+                f"({_RELATIONS[flag].format(self=self, max_d=MAX_D)})",
+                passing=(key, value),
+            )
+        raise AssertionError(f"{flag}: no failing key")  # pragma: no cover - relations agree
 
     @property
     def sensitivity(self) -> float:

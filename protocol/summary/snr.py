@@ -356,11 +356,17 @@ there a steered purchase would mostly spend the owners' budget on noise."""
 
 
 def recommend_mechanism(
-    params: CuratorParams, validation: ReleaseCheck, owners: int
+    params: CuratorParams,
+    validation: ReleaseCheck,
+    owners: int,
+    secure_cost: float | None = None,
 ) -> tuple[str, str]:
     """The mechanism the plan expects to do best, and why, from public numbers only: p,
     ``max_points`` (unbounded: herding-select accesses about (K + 1) p points), and the SNR of
-    g_tilde, the release every steered mechanism aims with (:func:`validation_check`).
+    g_tilde, the release every steered mechanism aims with (:func:`validation_check`; the
+    caller passes one computed for the data, the same whatever mechanism is configured).
+    ``secure_cost``: each owner's epsilon for the secure sums every mechanism pays (None:
+    the run has none), stated in the reason so a random purchase is never called free.
 
     The rule (issue 30, measured in benchmarks/RESULTS.md "utility_vs_random"): steering can
     only help if what it steers by carries some signal, and only when the budget is tight. So
@@ -375,18 +381,24 @@ def recommend_mechanism(
     budget = params.max_points if params.max_points is not None else (owners + 1) * params.p
     factor = budget / params.p
     snr = validation.snr
+    pays = (
+        f"owners pay only the secure sums, eps {secure_cost:.3g} each"
+        if secure_cost is not None
+        else "owners pay nothing beyond the points"
+    )
     if snr is not None and snr < STEER_MIN_SNR:
         return "random-select", (
             f"g_tilde's SNR is {snr:.2f} < {STEER_MIN_SNR:g} (too few validation points for its "
-            "noise): a steered purchase aims with noise; random-select makes no summary "
-            "release (owners still pay the normalise and scan secure sums, when they run)"
+            f"noise): a steered purchase aims with noise; random-select makes no summary "
+            f"release ({pays})"
         )
     if factor >= STEER_MAX_FACTOR:
+        signal = f" (g_tilde's SNR is {snr:.2f}; the budget decides)" if snr is not None else ""
         return "random-select", (
-            f"a budget of {budget} points = {factor:.1f} p >= {STEER_MAX_FACTOR:g} p: a random "
-            "purchase that large holds nearly what steering finds (within 0.1-0.3 of the gap "
-            "where the consumer's target is rare, level elsewhere), with no summary release "
-            "(owners still pay the normalise and scan secure sums, when they run)"
+            f"a budget of {budget} points = {factor:.1f} p >= {STEER_MAX_FACTOR:g} p{signal}: "
+            "a random purchase that large holds nearly what steering finds (within 0.1-0.3 of "
+            "the gap where the consumer's target is rare, level elsewhere), with no summary "
+            f"release ({pays})"
         )
     why = f"g_tilde's SNR is {snr:.2f}" if snr is not None else "(MWEM g_tilde: SNR not computed)"
     return "allocate-select", (

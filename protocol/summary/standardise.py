@@ -8,10 +8,17 @@ S1_i and n, with ``m2_i = v_i + mu_i^2``),
 
     se_i = (sigma / n) sqrt(1 + 4 mu_i^2 + (v_i - mu_i^2)^2),
 
-mu_i and v_i clipped to what a record bounded by ``bound`` allows. A feature is standardised by
-its DP spread only when ``v_i >= STANDARDIZE_MIN_SNR * se_i`` and the spread is above the floor
-``SCALE_FLOOR * bound``; otherwise it keeps the public scale, 1 in the data's own units (what h1
-hashes with ``standardize = false``). Before this rule, a spread whose DP variance came out
+mu_i and v_i clipped to what a record bounded by ``bound`` allows. Which features are standardised
+is decided from public numbers, so repeated runs of one config hash with the same kernel
+(issue 40: deciding on the DP variance itself let its noise flip features near the threshold,
+56, 60 or 64 of digits' pixels kept at the public scale from run to run): feature i is
+standardised by its DP spread only when the public seed set's variance ``s_i`` clears
+``STANDARDIZE_MIN_SNR`` standard errors of the release's noise at the seed set's moments
+(``s_i >= STANDARDIZE_MIN_SNR * se_i(seed mean, s_i)``, with the public pool size the plan
+read when one is given, else the release's DP count, which moves by about sigma from run to
+run) and its seed spread is above ``SCALE_FLOOR * bound``; otherwise it
+keeps the public scale, 1 in the data's own units (what h1 hashes with ``standardize =
+false``). Before this rule, a spread whose DP variance came out
 negative was floored at 1e-3 x bound: on digits in [0, 1] that blew 20 features up 100-fold
 and the median-heuristic gamma fell to about 1e-6, so the kernel saw those features only.
 
@@ -100,12 +107,14 @@ def standardisation(
     bound: float,
     seed_set: npt.ArrayLike,
     gamma: float | None = None,
+    records: float | None = None,
 ) -> Standardisation:
     """Per-feature center and scale from the DP ``mean`` and ``spread`` (module docstring), and
     gamma by the median heuristic on the standardised ``seed_set`` unless ``gamma`` is given.
 
-    ``spread`` may be floored already (``sqrt(max(v, tiny))``): a floored spread's variance is
-    below its standard error anyway, so it keeps the public scale."""
+    ``spread`` may be floored already (``sqrt(max(v, tiny))``). ``records``: the pool's public
+    size (a simulation's n_points, the files' record counts, public under replace-one), which
+    the per-feature decision uses instead of the DP ``count`` so it is the same every run."""
     center = np.asarray(mean, dtype=np.float64)
     dp_spread = np.asarray(spread, dtype=np.float64)
     seed = np.asarray(seed_set, dtype=np.float64)
@@ -117,8 +126,14 @@ def standardisation(
         raise ValueError(f"seed_set must have shape (>= 2, {center.shape[0]}), got {seed.shape}")
     variance = dp_spread**2
     se = spread_standard_errors(center, variance, count, sigma, bound)
-    clear = (variance >= STANDARDIZE_MIN_SNR * se) & (dp_spread >= SCALE_FLOOR * bound)
-    scale = np.where(clear, dp_spread, 1.0)
+    # the decision: public numbers only (module docstring), the same kernel run after run
+    seed_variance = seed.var(axis=0)
+    public_count = count if records is None or records <= 0 else float(records)
+    seed_se = spread_standard_errors(seed.mean(axis=0), seed_variance, public_count, sigma, bound)
+    clear = (seed_variance >= STANDARDIZE_MIN_SNR * seed_se) & (
+        np.sqrt(seed_variance) >= SCALE_FLOOR * bound
+    )
+    scale = np.where(clear, np.maximum(dp_spread, SCALE_FLOOR * bound), 1.0)
     decisions = np.where(clear, "dp", "public").astype(object)
     seed_floor = seed.std(axis=0) / MAX_AMPLIFICATION
     raised = scale < seed_floor

@@ -19,7 +19,13 @@ identical query sums.
   2^53; the kernel checks a bound that implies it (and checks the query) and otherwise answers
   "not applicable", so the caller takes the general path.
 
-Kernels compile on first use; ``cache=True`` keeps the machine code in numba's own cache.
+Numba is imported on the first compiled call, never at import: a process that only hashes
+with numpy (an owner's agent installed without numba, docs/guide/remote.md) pays neither its
+import nor its memory; ``"auto"`` imports it when a sketch is made. Kernels compile on
+first use with ``cache=True``: numba keeps the machine code in its own cache, the module's
+``__pycache__`` where that is writable, else the per-user cache (``~/.cache/numba``, or
+``NUMBA_CACHE_DIR``), so a later process loads the kernels instead of compiling them
+(benchmarks/party_memory.py measures both).
 """
 
 from __future__ import annotations
@@ -31,11 +37,9 @@ from numpy.typing import NDArray
 
 from dpmarket.streams.race.lsh import CODE_LIMIT, MAX_ABS_INPUT, LshFamily
 
-numba: Any
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba is a declared dependency
-    numba = None
+# the numba module once imported (the kernels' sources name it); None until then
+numba: Any = None
+_numba_missing = False  # the import was tried and failed: numpy from then on
 
 __all__ = ["BACKENDS", "gather_sums", "insert_counts", "mean_of_one", "resolve_backend"]
 
@@ -48,14 +52,31 @@ _EXACT_SUM = 2**53  # integers up to this magnitude are exact float64 values
 _FLOAT32 = np.dtype(np.float32)
 
 
+def numba_installed() -> bool:
+    """Whether numba can be imported here, importing it on the first ask (about 100 MB of
+    memory and half a second: the market's install has it, an agent's need not)."""
+    global numba, _numba_missing, _flat_indices_jit
+    if numba is None and not _numba_missing:
+        try:
+            import numba as module
+        except ImportError:
+            _numba_missing = True
+        else:  # the kernels below call it: compiled (or loaded from the cache) on first use
+            numba = module
+            _flat_indices_jit = module.njit(boundscheck=False, cache=True)(_flat_indices)
+    return numba is not None
+
+
 def resolve_backend(backend: str) -> str:
-    """``"numba"`` or ``"numpy"`` for a requested backend (``"auto"``: numba when available)."""
+    """``"numba"`` or ``"numpy"`` for a requested backend (``"auto"``: numba when installed)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "numba" and numba is None:
-        raise ValueError("backend 'numba' requested but numba is not importable")
+    if backend == "numba" and not numba_installed():
+        raise ValueError(
+            "backend 'numba' requested but numba is not installed (pip install 'dpmarket[numba]')"
+        )
     if backend == "auto":
-        return "numpy" if numba is None else "numba"
+        return "numba" if numba_installed() else "numpy"
     return backend
 
 
@@ -140,7 +161,7 @@ def _flat_indices(
             index[r] = r * width + (col - width if col >= width else col)
 
 
-_flat_indices_jit: Any = numba.njit(boundscheck=False, cache=True)(_flat_indices) if numba else None
+_flat_indices_jit: Any = None  # njit of _flat_indices once numba is imported
 
 
 def _gather_kernel(
@@ -221,8 +242,10 @@ def _compiled(name: str) -> Any:
     """A numba kernel compiled on first use: ``insert``, ``gather``, ``gather_parallel`` or
     ``mean``."""
     if name not in _COMPILED:
-        # cache=True: numba keeps the compiled kernel in __pycache__ (its own cache, not a data
-        # file of ours), so a new process does not pay the compilation again
+        if not numba_installed():
+            raise ValueError("the numba kernels need numba (pip install 'dpmarket[numba]')")
+        # cache=True: numba keeps the compiled kernel in its cache (module docstring), so a new
+        # process does not pay the compilation again
         parallel = name in ("insert", "gather_parallel")
         kernel = numba.njit(parallel=parallel, boundscheck=False, cache=True)
         _COMPILED[name] = kernel(_SOURCES[name.removesuffix("_parallel")])

@@ -1,12 +1,13 @@
 """Text record decoders: CSV and JSONL lines into float32 batches (see :mod:`records_schema`).
 
 Speed without per-record Python: line positions come from numpy over the byte buffer; a compiled
-scanner (numba) parses lines of plain decimals exactly as ``float()`` does; the other lines are
-converted in bulk by ``np.array(fields, float64)``, bisecting a failing block down to its bad
-lines. JSONL lines that are flat arrays of numbers take the CSV path, the others
-:func:`json.loads`. Every fast path equals its general path bit for bit, and incremental use is
-exact: a partial last line is returned as the remainder, and an over-long line is rejected as
-``too_long`` however the stream is split.
+scanner (numba, when installed: imported on the first decode) parses lines of plain decimals
+exactly as ``float()`` does; the other lines are converted in bulk by
+``np.array(fields, float64)``, bisecting a failing block down to its bad lines. JSONL lines that
+are flat arrays of numbers take the CSV path, the others :func:`json.loads`. Every fast path
+equals its general path bit for bit, and incremental use is exact: a partial last line is
+returned as the remainder, and an over-long line is rejected as ``too_long`` however the stream
+is split.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def _scan_numbers(
     delim: int,
     out: Float64Array,
     ok: BoolArray,
-) -> None:  # the numba-compiled form is _scan_numbers_jit
+) -> None:  # the numba-compiled form is _compiled_scanner
     """Plain decimal fields, exactly as ``float()`` rounds them, for the easy lines.
 
     A field is taken only when it is ``[+-]digits[.digits][(e|E)[+-]digits]`` with at most
@@ -150,13 +151,20 @@ def _scan_numbers(
         ok[i] = good and j == kt
 
 
-_scan_numbers_jit: Callable[..., None] | None
-try:
-    import numba
+_scanner: list[Callable[..., None] | None] = []  # once looked for: the compiled scanner or None
 
-    _scan_numbers_jit = numba.njit(cache=True, nogil=True)(_scan_numbers)
-except ImportError:  # pragma: no cover - numba is a declared dependency
-    _scan_numbers_jit = None
+
+def _compiled_scanner() -> Callable[..., None] | None:
+    """The compiled scanner (numba imported on the first decode that asks, never at import:
+    an agent installed without numba takes :func:`_general` for every line), or None."""
+    if not _scanner:
+        try:
+            import numba
+        except ImportError:
+            _scanner.append(None)
+        else:
+            _scanner.append(numba.njit(cache=True, nogil=True)(_scan_numbers))
+    return _scanner[0]
 
 
 def _parse_fields(fields: list[str], kt: int, n: int) -> tuple[Float64Array, BoolArray]:
@@ -212,8 +220,9 @@ def _delimited(
 ) -> Rows:
     """Parse lines ``[starts, ends)``: easy lines compiled, the rest by :func:`_general`."""
     values, easy = np.empty((starts.size, kt)), np.zeros(starts.size, dtype=np.bool_)
-    if jit and _scan_numbers_jit is not None and starts.size:
-        _scan_numbers_jit(np.frombuffer(buf, dtype=np.uint8), starts, ends, delim, values, easy)
+    scan = _compiled_scanner() if jit and starts.size else None
+    if scan is not None:
+        scan(np.frombuffer(buf, dtype=np.uint8), starts, ends, delim, values, easy)
     hard = _general(buf, starts[~easy], ends[~easy], delim, kt, base, pad)
     if not hard.values.size:
         return Rows(values[easy], starts[easy] - pad, ends[easy] + pad, hard.rejects)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from dpmarket.actors.parties.dcaowner import OperatorTrust, OwnerSecureSum
-from dpmarket.actors.parties.owner import OwnerActor
+from dpmarket.actors.parties.ray_actors import OwnerActor
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE
 from dpmarket.protocol.securesum.aggregator import Aggregator
 from dpmarket.protocol.securesum.client import NodeKeyMismatch

@@ -182,16 +182,20 @@ class RemoteMarket:
         config = self.local_market if local else self.market
         return self.start_driver(["run", str(config), "--out", str(out), *extra], entry=entry)
 
-    def start_agent(self, party: str, give_up: float = 900.0) -> subprocess.Popen[bytes]:
+    def start_agent(
+        self, party: str, give_up: float = 900.0, entry: list[str] = ENTRY
+    ) -> subprocess.Popen[bytes]:
+        """``dpmarket owner serve`` / ``node serve`` for ``party`` through ``entry`` (the CLI
+        of this interpreter, or another install's ``dpmarket``)."""
         kind = "owner" if party in self.owners else "node"
         args = [kind, "serve", str(self.config(party)), "--give-up", str(give_up)]
-        proc = self._popen(party, args, self.root / party)
+        proc = self._popen(party, args, self.root / party, entry)
         self.procs[party] = proc
         return proc
 
-    def start_agents(self, parties: list[str] | None = None) -> None:
+    def start_agents(self, parties: list[str] | None = None, entry: list[str] = ENTRY) -> None:
         for party in parties if parties is not None else [*self.nodes, *self.owners]:
-            self.start_agent(party)
+            self.start_agent(party, entry=entry)
 
     def kill(self, party: str, sig: int = signal.SIGKILL) -> None:
         """Signal the party's agent's process group (only a process this market started)."""

@@ -22,6 +22,7 @@ def test_embedded_run_terminal_report_and_skipped_standardisation(tmp_path: Path
         "data.n_points": "1500",
         "data.n_test": "300",
         "privacy.eps_normalise": "0.1",  # sigma ~ 1000 against 1500 records: below 3 sigma
+        "privacy.normalise_round": '"always"',  # spent anyway: the post-round verdict runs
         "summary.auction_variant": '"paper"',  # named: runs, with a warning
         "summary.eps_auction": "0.05",  # the paper's: each step (0.05, 0.049)-DP
         # the secure sum's noise decides whether the count clears 3 sigma: fixed, so the test

@@ -116,3 +116,61 @@ def test_without_a_grace_a_cut_party_is_absent_at_once(certs: Certs) -> None:
         assert party.runs == 0
 
     _run(body)
+
+
+def test_an_agent_back_after_a_cut_rejoins_and_is_not_counted_as_replaced(certs: Certs) -> None:
+    """A reset link and the agent dialling in again: one ``rejoined``, no ``stream replaced``
+    (that is for a second agent with the party's certificate), and the agent is not told to
+    stop: it answers on its new stream and exits 0 at the end."""
+
+    async def body() -> None:
+        async with _joined(certs, grace=60.0) as (gw, _, proxy):
+            proxy.drop()
+            await _gone(gw)
+            proxy.restore()
+            assert (await gw.joined(30, ["owner-1"]))["owner-1"]
+            assert (await gw.invoke("owner-1", "status", ()))["state"] == "idle"
+            assert [(e["claimed"], e["reason"], e["count"]) for e in await gw.refusals()] == [
+                ("owner-1", "rejoined", 1)
+            ]
+
+    _run(body)
+
+
+class Offered(Party):
+    """A party that takes the offer (``begin``) and holds its status calls like Party."""
+
+    async def dispatch(self, method: str, args: dict[str, Any]) -> Any:
+        if method == "begin":
+            return {"accepted": True}
+        return await super().dispatch(method, args)
+
+
+def test_a_connected_owner_that_leaves_a_call_unanswered_is_reachable_only_once_it_answers(
+    certs: Certs,
+) -> None:
+    """Reachable (a lost owner the curator may take back) means connected, offer taken and
+    shown to be there: an owner with a call unanswered on its open stream is not, nor one
+    whose call timed out on an open stream, until it answers (here: its late reply)."""
+
+    async def body() -> None:
+        gw, party = _gateway(certs, grace=60.0), Offered()
+        gw.call_timeout = 2.0  # the call below times out while the agent holds it
+        port = await gw.start()
+        agent = asyncio.ensure_future(serve(_link(certs, port), party.dispatch, "t"))
+        assert (await gw.joined(30, ["owner-1"]))["owner-1"]
+        assert (await gw.invoke("owner-1", "begin", ({"market": MARKET},)))["accepted"]
+        assert await gw.reachable() == ["owner-1"]
+        party.release.clear()
+        call = asyncio.ensure_future(gw.invoke("owner-1", "status", ()))
+        await party.entered.wait()
+        assert await gw.reachable() == []  # connected, silent: not shown to be there
+        assert await call == ABSENT[("owner", "status")]  # timed out on an open stream
+        assert await gw.connected() == ["owner-1"] and await gw.reachable() == []
+        party.release.set()  # its late reply: it answers, so it is there
+        while await gw.reachable() != ["owner-1"]:
+            await asyncio.sleep(0.05)
+        await gw.finish("complete", finished=True)
+        assert await agent == 0
+
+    _run(body)

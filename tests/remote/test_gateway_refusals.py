@@ -8,12 +8,19 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import grpc
+import grpc.aio
 import pytest
 
 from dpmarket.actors.remote import tls
 from dpmarket.actors.remote.agent import Link, serve
-from dpmarket.actors.remote.gateway import Gateway
+from dpmarket.actors.remote.channel import open_channel, stream
+from dpmarket.actors.remote.gateway import GATEWAY, Gateway
+from dpmarket.actors.remote.refused import OTHER, RefusalCounts
 from dpmarket.actors.run.refusals import RefusalLines
+from dpmarket.protocol.agents.messages import EndBody, HelloBody
+from dpmarket.protocol.wire.codec import decode, encode
+from dpmarket.protocol.wire.parties import Outbox
 from tests.remote.echo import Certs
 
 MARKET = "gw-refusals"
@@ -25,8 +32,8 @@ async def _status(method: str, args: dict[str, Any]) -> Any:
     raise RuntimeError(f"no {method}")
 
 
-def _gateway(certs: Certs) -> Gateway:
-    declared = {p: ("owner", tls.fingerprint(certs.read(f"{p}.crt"))) for p in ("owner-1",)}
+def _gateway(certs: Certs, parties: tuple[str, ...] = ("owner-1",)) -> Gateway:
+    declared = {p: ("owner", tls.fingerprint(certs.read(f"{p}.crt"))) for p in parties}
     return Gateway(
         MARKET, "127.0.0.1:0", certs.read("market.crt"), certs.read("market.key"),
         certs.read("ca.crt"), declared, call_timeout=20.0,
@@ -44,12 +51,13 @@ def _run(body: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(body(), 120))
 
 
-def test_a_name_claimed_with_another_partys_certificate_is_counted_by_name_and_fingerprint(
+def test_an_undeclared_certificate_is_refused_on_its_certificate_before_any_hello(
     certs: Certs,
 ) -> None:
     """owner-2's certificate (not declared in this market) claiming owner-1, three times: one
-    kind of refusal counted three times, naming the claim and owner-2's fingerprint; the real
-    owner-1 still joins and answers."""
+    kind, (its fingerprint, "certificate not declared"), counted three times with no name (its
+    hello is never read); a connection under it that says nothing is refused the same way (not
+    left to the hello's timeout); the real owner-1 still joins and answers."""
 
     async def body() -> None:
         gw = _gateway(certs)
@@ -57,24 +65,87 @@ def test_a_name_claimed_with_another_partys_certificate_is_counted_by_name_and_f
         for _ in range(3):
             code = await serve(_link(certs, port, "owner-1", "owner-2"), _status, "t", 0.05, 0.5, 3)
             assert code == 2
+        fp = tls.fingerprint(certs.read("owner-2.crt"))
+        code = await _say_nothing(_link(certs, port, "owner-1", "owner-2"))
+        assert code == grpc.StatusCode.UNAUTHENTICATED
         real = asyncio.ensure_future(
             serve(_link(certs, port, "owner-1", "owner-1"), _status, "t", 0.05, 0.5, 60)
         )
         assert (await gw.joined(30, ["owner-1"]))["owner-1"]
         assert (await gw.invoke("owner-1", "status", ()))["state"] == "idle"
-        total, events = await gw.refusals()
-        assert total == 3
+        [entry] = await gw.refusals()
+        assert entry["claimed"] is None and entry["fingerprint"] == fp
+        assert entry["reason"] == "certificate not declared" and entry["count"] == 4
         lines = RefusalLines(every=10.0)
-        said = lines.add(events, now=0.0)
-        fp = tls.fingerprint(certs.read("owner-2.crt"))
-        assert len(said) == 1 and "'owner-1'" in said[0] and fp in said[0]
-        [entry] = lines.entries()
-        assert entry["claimed"] == "owner-1" and entry["fingerprint"] == fp
-        assert entry["reason"] == "certificate not declared" and entry["count"] == 3
+        [said] = lines.add([entry], now=0.0)
+        assert fp in said and "no name read" in said
         await gw.finish("complete", finished=True)
         assert await real == 0
 
     _run(body)
+
+
+async def _say_nothing(link: Link) -> grpc.StatusCode:
+    """Open a stream under ``link``'s certificate, send nothing; how the market ends it."""
+    creds = tls.channel_credentials(link.ca, link.certificate, link.key)
+    async with open_channel(link.address, creds) as channel:
+        call = stream(channel)()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call.read()
+        return refused.value.code()
+
+
+async def _hello(
+    link: Link, claimed: str, instance: str = ""
+) -> tuple[grpc.aio.StreamStreamCall, Any]:
+    """A stream under ``link``'s certificate whose hello claims ``claimed``; the call and its
+    channel (closed by the caller)."""
+    creds = tls.channel_credentials(link.ca, link.certificate, link.key)
+    channel = open_channel(link.address, creds)
+    opened = await channel.__aenter__()
+    call = stream(opened)()
+    out = Outbox(MARKET, claimed)
+    await call.write(encode(out.make(GATEWAY, 0, HelloBody("owner", "t", instance))))
+    return call, channel
+
+
+def test_a_flood_of_names_claimed_under_one_certificate_is_one_kind_and_one_line(
+    certs: Certs,
+) -> None:
+    """owner-2's certificate (declared) claiming 30 different names: one kind, keyed by its
+    fingerprint and the reason, not by the names: one line at once, the first name kept and
+    the other claims counted."""
+
+    async def body() -> None:
+        gw = _gateway(certs, ("owner-1", "owner-2"))
+        port = await gw.start()
+        for i in range(30):
+            call, channel = await _hello(_link(certs, port, "x", "owner-2"), f"name-{i}")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call.read()
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            await channel.__aexit__(None, None, None)
+        [entry] = await gw.refusals()
+        assert entry["fingerprint"] == tls.fingerprint(certs.read("owner-2.crt"))
+        assert entry["reason"] == "name claimed with the certificate of owner-2"
+        assert (entry["claimed"], entry["count"], entry["other_names"]) == ("name-0", 30, 29)
+        assert len(RefusalLines(every=10.0).add([entry], now=0.0)) == 1
+        assert len([e for e in gw.log if e["event"] == "refused"]) == 1  # its log: the first
+        await gw.finish("done")
+
+    _run(body)
+
+
+def test_the_kinds_kept_are_bounded_and_the_rest_counted_together() -> None:
+    """More distinct certificates than MAX_KINDS: the first kinds are kept, every later one is
+    counted under one entry; nothing is lost from the total."""
+    counts = RefusalCounts(max_kinds=4)
+    firsts = [counts.add("n", f"sha256:{i:02x}", "r", "d") for i in range(10)]
+    assert firsts == [True] * 4 + [True] + [False] * 5  # OTHER's first, then counted
+    entries = counts.entries()
+    assert len(entries) == 5 and sum(e["count"] for e in entries) == 10
+    assert entries[-1]["reason"] == OTHER and entries[-1]["count"] == 6
+    assert entries[-1]["fingerprint"] is None and entries[-1]["claimed"] is None
 
 
 def test_a_second_stream_with_a_partys_certificate_replaces_the_first_and_its_agent_is_told(
@@ -96,7 +167,7 @@ def test_a_second_stream_with_a_partys_certificate_replaces_the_first_and_its_ag
         )
         assert await first == 2  # told, and does not fight for the name
         assert (await gw.invoke("owner-1", "status", ()))["state"] == "idle"  # the second
-        _, events = await gw.refusals()
+        events = await gw.refusals()
         assert [(e["claimed"], e["reason"]) for e in events] == [("owner-1", "stream replaced")]
         assert events[0]["fingerprint"] == tls.fingerprint(certs.read("owner-1.crt"))
         await gw.finish("complete", finished=True)
@@ -110,14 +181,50 @@ def test_refusal_lines_are_rate_limited_per_kind_and_count_every_one() -> None:
     """200 impostor hellos of one kind: one line at once, then one line per ``every`` seconds
     with how many came meanwhile; another kind gets its own first line; the counts are exact."""
     lines = RefusalLines(every=10.0)
-    impostor = {"claimed": "owner-1", "fingerprint": "sha256:aa", "reason": "r"}
-    assert len(lines.add([impostor] * 100, now=0.0)) == 1
-    assert lines.add([impostor] * 100, now=5.0) == []  # within the window: counted, not said
+    impostor = {"claimed": "owner-1", "fingerprint": "sha256:aa", "reason": "r", "count": 100}
+    assert len(lines.add([impostor], now=0.0)) == 1
+    assert lines.add([impostor | {"count": 200}], now=5.0) == []  # counted, not said
     [later] = lines.add([], now=10.0)
     assert "(199 more since)" in later
-    other = {"claimed": None, "fingerprint": None, "reason": "no client certificate"}
+    other = {"claimed": None, "fingerprint": None, "reason": "no client certificate", "count": 1}
     [first] = lines.add([other], now=11.0)
     assert "no client certificate" in first and "no certificate" in first
     assert lines.flush(12.0, force=True) == []  # nothing left unsaid
     counts = {e["reason"]: e["count"] for e in lines.entries()}
     assert counts == {"r": 200, "no client certificate": 1}
+
+
+def test_the_same_agent_dialling_in_again_rejoins_and_a_second_agent_replaces_it(
+    certs: Certs,
+) -> None:
+    """A second stream whose hello names the first one's agent process (its link went silent:
+    the market has not seen the first stream end yet) rejoins: counted as ``rejoined``, not a
+    replacement, and the first stream ends without telling anyone; a stream of another agent
+    process with the same certificate replaces it, and the replaced one is told."""
+
+    async def body() -> None:
+        gw = _gateway(certs)
+        port = await gw.start()
+        link = _link(certs, port, "owner-1", "owner-1")
+        first, first_channel = await _hello(link, "owner-1", "agent-a")
+        assert (await gw.joined(30, ["owner-1"]))["owner-1"]
+        again, again_channel = await _hello(link, "owner-1", "agent-a")
+        assert await first.read() is grpc.aio.EOF  # ended, told nothing
+        assert [(e["claimed"], e["reason"]) for e in await gw.refusals()] == [
+            ("owner-1", "rejoined")
+        ]
+        _, other_channel = await _hello(link, "owner-1", "agent-b")
+        told = decode(await again.read()).body
+        assert isinstance(told, EndBody) and told.replaced
+        reasons = {e["reason"]: e["count"] for e in await gw.refusals()}
+        assert reasons == {"rejoined": 1, "stream replaced": 1}
+        lines = RefusalLines(every=10.0)
+        said = lines.add(await gw.refusals(), now=0.0)
+        assert any("owner-1 rejoined" in line for line in said)
+        assert [e["reason"] for e in lines.entries()] == ["stream replaced"]
+        assert [e["reason"] for e in lines.entries(rejoined=True)] == ["rejoined"]
+        await gw.finish("done")
+        for channel in (first_channel, again_channel, other_channel):
+            await channel.__aexit__(None, None, None)
+
+    _run(body)

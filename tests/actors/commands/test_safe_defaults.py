@@ -136,8 +136,11 @@ def test_strict_refuses_a_validation_set_too_small_for_its_epsilon(
 def test_strict_refuses_a_normalise_round_noisier_than_its_counts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """With ``normalise_round = "always"`` (by default such a round is skipped, not spent:
+    tests/actors/commands/test_preflight_advice.py)."""
     args = ["run", str(_without_summary(tmp_path)), "--out", str(tmp_path / "o"), "--strict"]
-    assert main([*args, "--set", "data.n_points=400", "--set", "data.bound=10.0"]) == 2
+    always = ["--set", 'privacy.normalise_round="always"']
+    assert main([*args, "--set", "data.n_points=400", "--set", "data.bound=10.0", *always]) == 2
     err = capsys.readouterr().err
     assert "'normalise'" in err and "standardisation will likely be skipped" in err
     sigma = float(re.search(r"normalise noise sigma (\d+)", err).group(1))  # type: ignore[union-attr]

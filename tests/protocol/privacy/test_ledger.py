@@ -326,3 +326,29 @@ def test_bad_event_and_function_arguments_raise() -> None:
         paper_composition([0.1], [1], 1.5)
     with pytest.raises(ValueError, match="party"):
         PrivacyLedger("")
+
+
+def test_pld_epsilon_is_computed_once_for_equal_losses_and_counts_what_differs() -> None:
+    """Ledgers with the same losses (labels and the paper's figure aside) share one PLD
+    accounting (a run's owners hold equal ledgers); a different count, sigma or sensitivity
+    is accounted afresh and changes the result."""
+    from dpmarket.protocol.privacy import ledger as ledger_module
+
+    def owner(name: str, label: str, sigma: float = 3.0, count: int = 4) -> PrivacyLedger:
+        held = PrivacyLedger(name)
+        held.gaussian(sigma, sensitivity=2.0, count=count, label=label)
+        held.laplace(50.0, label=label, paper_epsilon=0.02)
+        return held
+
+    first = owner("owner-1", "scan")
+    before = ledger_module._pld_epsilon.cache_info()
+    eps = first.epsilon(1e-6, "pld")
+    again = owner("owner-2", "scan (another label)").epsilon(1e-6, "pld")
+    after = ledger_module._pld_epsilon.cache_info()
+    assert again == eps and after.hits == before.hits + 1
+    assert owner("owner-3", "scan", count=5).epsilon(1e-6, "pld") > eps
+    assert owner("owner-4", "scan", sigma=6.0).epsilon(1e-6, "pld") < eps
+    uncached = PrivacyLedger("owner-5", value_discretization_interval=2e-4)
+    for event in first.events:
+        uncached.record(event)
+    assert uncached.epsilon(1e-6, "pld") == pytest.approx(eps, rel=1e-3)  # another grid

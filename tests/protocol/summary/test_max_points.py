@@ -58,9 +58,10 @@ def test_params_refuse_a_budget_below_p_and_allocate_without_one(scenario: Scena
     with pytest.raises(ParamError, match=r"max_points: expected an integer >= 1"):
         small_params(scenario, max_points=2.5)
     with pytest.raises(
-        ParamError, match=r"allocate: allocate-select \(allocate = true, or max_points"
-    ):
+        ParamError, match=r"max_points: max_points = None cannot be used with allocate-select"
+    ) as refused:
         small_params(scenario, allocate=True, final_selection="exact")
+    assert refused.value.passing == ("max_points", 15)  # the key that fails, a value that passes
     assert small_params(scenario, max_points=10).max_points == 10
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dpmarket.actors.parties.transport import FaultPlan, LoopbackTransport
-from dpmarket.protocol.summary.curator import Curator
+from dpmarket.protocol.summary.curator import MAX_RETURNS, Curator
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.wire.codec import Message
 from dpmarket.streams.synthetic import Scenario
@@ -21,15 +21,20 @@ def scenario() -> Scenario:
     return small_scenario(11)
 
 
-def _market(scenario: Scenario, silent: dict[str, int]) -> tuple[Curator, LoopbackTransport]:
-    """T = 1; each owner in ``silent`` has its answers of that one epoch lost (a blink)."""
-    curator = small_curator(RUN, scenario, small_params(scenario, max_lost=1), 0)
+def _market(
+    scenario: Scenario, silent: dict[str, int], for_good: bool = False, epochs: int = 10
+) -> tuple[Curator, LoopbackTransport]:
+    """T = 1; each owner in ``silent`` has its answers of that one epoch lost (a blink), or of
+    that epoch and every later one (``for_good``: an owner that stays silent on purpose)."""
+    params = small_params(scenario, max_lost=1, max_epochs=epochs)
+    curator = small_curator(RUN, scenario, params, 0)
     owners = [
         Owner(n, RUN, X, y) for n, (X, y) in zip(scenario.owner_names, scenario.owners, strict=True)
     ]
 
     def blink(msg: Message) -> bool:
-        return silent.get(msg.sender) == msg.round
+        start = silent.get(msg.sender)
+        return start is not None and (msg.round == start or (for_good and msg.round > start))
 
     transport = LoopbackTransport([curator, *owners], faults=FaultPlan(drop=blink))
     transport.send(curator.start())
@@ -71,3 +76,29 @@ def test_only_lost_owners_are_taken_back(scenario: Scenario) -> None:
     transport.run_until(lambda: first in curator.lost or _finished(curator))
     curator.returned({first, second, "stranger"})
     assert curator.back == {first}
+
+
+def test_an_owner_that_keeps_missing_the_deadline_is_taken_back_at_most_max_returns_times(
+    scenario: Scenario,
+) -> None:
+    """The runtime says a silent owner is reachable after every loss (an agent that dials in
+    again each time): it is taken back MAX_RETURNS times, each costing the run one deadline,
+    and then stays lost with the reason in ``kept_out``; the run finishes (one owner absent
+    from each epoch is within T = 1)."""
+    silent = scenario.owner_names[0]
+    curator, transport = _market(scenario, {silent: 2}, for_good=True, epochs=12)
+
+    def done() -> bool:
+        if silent in curator.lost and silent not in curator.live:
+            curator.returned({silent})  # reachable again, by the runtime's word
+        return _finished(curator)
+
+    transport.run_until(done)
+    assert curator.state == "done", curator.reason
+    assert curator.epoch.number > 2 + 2 * MAX_RETURNS  # room for more returns than allowed
+    drops = [e for e, o, _ in curator.dropped if o == silent]
+    assert len(drops) == MAX_RETURNS + 1  # the first loss and one after each return
+    assert curator.returns == {silent: MAX_RETURNS}
+    assert silent in curator.kept_out() and "not taken back" in curator.kept_out()[silent]
+    curator.returned({silent})
+    assert silent not in curator.back

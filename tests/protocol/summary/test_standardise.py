@@ -107,3 +107,22 @@ def test_a_fixed_gamma_is_kept_and_bad_shapes_are_refused() -> None:
         standardisation(mean, spread, count, 1.0, 1.0, X[:10, :5])
     with pytest.raises(ValueError, match="count"):
         spread_standard_errors(mean, spread, 0.0, 1.0, 1.0)
+
+
+def test_the_features_kept_at_the_public_scale_are_the_same_run_after_run() -> None:
+    """Issue 40: the decision reads the public seed set, not the DP variance, so twenty
+    releases of one pool (twenty runs of one config) standardise the same features; deciding by
+    each release's DP variance (the rule before) picks different sets on the same releases."""
+    X = _digits_like(0, n=10_000)
+    seed_set = _digits_like(1, n=40)
+    sigma = 79.9
+    decisions, by_dp_variance = set(), set()
+    for draw in range(20):
+        mean, spread, count = _release(X, sigma, seed=100 + draw)
+        result = standardisation(mean, spread, count, sigma, 1.0, seed_set, records=len(X))
+        decisions.add(tuple(d == "public" for d in result.decisions))  # kept at public scale
+        se = spread_standard_errors(mean, spread**2, count, sigma, 1.0)
+        by_dp_variance.add(tuple(spread**2 < 3.0 * se))
+    assert len(decisions) == 1
+    assert 0 < sum(next(iter(decisions))) < 64  # some of each: a real decision
+    assert len(by_dp_variance) > 1  # the noise the old rule followed
