@@ -8,20 +8,24 @@ noise (``reproducible_noise``: a benchmark, nothing private). Two modes:
   every frame encoded and decoded, the secure sums through the real client, node and aggregator
   parties, the epochs on a LoopbackTransport with simulated time.
 - ``ray``: ``dpmarket simulate`` (actors/run/market.py run_market) on a fresh local Ray with the
-  owners co-located, ``owners_per_actor = ceil(K / 16)`` (at most 16 owner processes on two
-  cores; ``--owner-processes`` sets another count).
+  owners co-located, ``owners_per_actor = ceil(K / P)`` for P owner processes: one per core,
+  at most 16, by default (2 on the two-core machine of benchmarks/RESULTS.md;
+  ``--owner-processes`` sets another count).
 
 Phases (seconds, wall clock): ``spawn`` (in-process: the parties constructed; Ray: connecting,
 the compute-node keys, the owner and curator actors asked for), ``ingest`` (in-process: the
 records generated; Ray: until every actor process has started, holds its owners' records and
 answered the on-node check),
-``normalise`` and ``scan`` (the two secure-sum rounds; Ray: with the session set-up),
+``normalise`` and ``scan`` (the two secure-sum rounds; Ray: normalise with the compute nodes'
+spawn, the owners' kernel warm-up and the session set-up, each also timed alone in
+``secure_seconds``: ``secure_nodes``, ``kernels``, ``secure_setup``, ``normalise_round``),
 ``epochs`` (the curator's run: setup, every epoch, the finish), ``report`` (in-process: each
 owner's ledger accounted by PLD, as report.json does; Ray: the outputs and reports written).
 ``ms_per_epoch`` is ``epochs`` over the epochs run. ``peak_rss_mb``: the peak resident memory
 (VmHWM) of the curator's process and of the largest owner process (in-process: both are the
 one process, whose data generation is included; Ray: sampled every 0.5 s from /proc under the
-benchmark's own process tree).
+benchmark's own process tree, with ``sum`` over the market's actor processes and ``sum_all``
+with the driver and Ray's own processes: ``TreeSampler.result``).
 
 Each (K, mode) runs in a subprocess of its own (its own peak memory, its own Ray instance in a
 temporary directory). The table, the plot ``benchmarks/owner_scale.png`` and, as the last
@@ -49,7 +53,10 @@ from pathlib import Path
 from typing import Any
 
 RECORDS_PER_OWNER, DIM, P, NODES = 500, 20, 100, 3
-OWNER_PROCESSES = 16  # default; --owner-processes
+# default (--owner-processes): one owner process per core, at most 16. Each costs ~310-440 MB
+# before its owners' records; the secure sums and the epochs make one call per process, not
+# per owner, so on few cores more processes add memory, not speed (benchmarks/RESULTS.md)
+OWNER_PROCESSES = min(16, os.cpu_count() or 1)
 PHASES = ("spawn", "ingest", "normalise", "scan", "epochs", "report")
 TITLES = {  # Ray's process titles of the market's actors
     "curator": ("ray::CuratorActor",),
@@ -123,7 +130,9 @@ class TreeSampler:
 
     def __init__(self, period: float = 0.5) -> None:
         self.period = period
-        self.peaks: dict[str, dict[int, float]] = {"curator": {}, "owner": {}, "compute": {}}
+        self.peaks: dict[str, dict[int, float]] = {
+            "curator": {}, "owner": {}, "compute": {}, "driver": {}, "ray": {},
+        }  # fmt: skip
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -153,23 +162,27 @@ class TreeSampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period):
-            for pid in self._descendants():
+            for pid in [os.getpid(), *self._descendants()]:
                 try:
                     title = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
                 except OSError:
                     continue
-                role = next((r for r, t in TITLES.items() if title.startswith(t)), None)
-                if role is not None:
-                    peak = peak_rss_mb(pid)
-                    if peak:
-                        self.peaks[role][pid] = max(self.peaks[role].get(pid, 0.0), peak)
+                role = next((r for r, t in TITLES.items() if title.startswith(t)), "ray")
+                role = "driver" if pid == os.getpid() else role  # Ray's own daemons: "ray"
+                peak = peak_rss_mb(pid)
+                if peak:
+                    self.peaks[role][pid] = max(self.peaks[role].get(pid, 0.0), peak)
 
     def result(self) -> dict[str, float]:
-        """The curator's peak, the largest owner process's, and the sum of every sampled
-        process's peak (curator, owners, compute nodes: an upper bound of the market's memory,
-        shared library pages counted once per process)."""
+        """The curator's peak, the largest owner process's, the largest compute node's, the
+        driver's (this process: the scenario, the run, the harness's baselines) and the largest
+        of Ray's own processes; ``sum``: the sum of the market's actor processes' peaks
+        (curator, owners, compute nodes: an upper bound of the market's memory, shared library
+        pages counted once per process); ``sum_all``: with the driver and Ray's processes."""
         out = {role: round(max(p.values(), default=0.0), 1) for role, p in self.peaks.items()}
-        out["sum"] = round(sum(v for p in self.peaks.values() for v in p.values()), 1)
+        actors = ("curator", "owner", "compute")
+        out["sum"] = round(sum(v for r in actors for v in self.peaks[r].values()), 1)
+        out["sum_all"] = round(sum(v for p in self.peaks.values() for v in p.values()), 1)
         return out
 
 
@@ -273,6 +286,10 @@ def run_ray(
             "exit_code": outcome.exit_code,
             "message": outcome.message,
             "phase_seconds": {k: round(outcome.phase_seconds.get(k, 0.0), 3) for k in PHASES},
+            "secure_seconds": {  # normalise's parts: nodes, kernels, the session's set-up, round
+                k: round(outcome.phase_seconds.get(k, 0.0), 3)
+                for k in ("secure_nodes", "kernels", "secure_setup", "normalise_round")
+            },
             "peak_rss_mb": sampler.result(),
             "seconds": round(seconds, 2),
         }
@@ -355,13 +372,17 @@ def main() -> None:
             load = round(os.getloadavg()[0], 2)
             rows.append(_child(mode, k, args.owner_processes) | {"load_before": load})
     header = f"{'mode':<10} {'K':>5} " + " ".join(f"{p:>9}" for p in PHASES)
-    print(header + f" {'ms/epoch':>9} {'epochs':>6} {'cur MB':>7} {'own MB':>7} {'total s':>8}")
+    print(
+        header + f" {'ms/epoch':>9} {'epochs':>6} {'cur MB':>7} {'own MB':>7} {'sum MB':>7}"
+        f" {'total s':>8}"
+    )
     for r in rows:
         ph = " ".join(f"{r['phase_seconds'][p]:>9.2f}" for p in PHASES)
         mem = r["peak_rss_mb"]
         print(
             f"{r['mode']:<10} {r['owners']:>5} {ph} {r['ms_per_epoch']:>9.2f} {r['epochs']:>6} "
-            f"{mem['curator']:>7.0f} {mem['owner']:>7.0f} {r['seconds']:>8.1f}"
+            f"{mem['curator']:>7.0f} {mem['owner']:>7.0f} {mem.get('sum', 0.0):>7.0f} "
+            f"{r['seconds']:>8.1f}"
         )
     goals: dict[str, Any] = {}
     for mode in args.modes:

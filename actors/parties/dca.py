@@ -6,6 +6,12 @@ are forwarded as bytes to the node they name. Shares are sealed end to end (clie
 the relay learns nothing from them. The hub passes one clock to the aggregator and the nodes,
 so the round's deadlines mean the same everywhere.
 
+The owners are asked per owner process (:func:`ask_owners`): an actor hosting several owners
+gets one call for all of them (``OwnerHost.for_owners``) at the set-up, the roster and every
+round, and answers owner by owner (:class:`OwnerAnswers`). Each owner's frames are still made
+by its own client with its own keys and charged by its own gate, so the nodes receive the same
+sealed frames as with one call per owner; an owner failing inside a batch is absent alone.
+
 Phases of a market run built on it (the ``[privacy]`` budgets of the config):
 Every round is charged under the run's one neighbouring relation (the round plan's, set from
 ``CuratorParams.neighbouring`` in actors/run/phases.py ``prepare_secure``; replace-one by default,
@@ -23,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,9 +46,12 @@ from dpmarket.protocol.wire.errors import RemoteProtocolError
 __all__ = [
     "DcaHub",
     "DcaUnavailable",
+    "OwnerAnswers",
+    "ask_owners",
     "charge_at_floor",
     "error_line",
     "moments_sensitivity",
+    "owner_answers",
     "result_from_record",
     "result_record",
 ]
@@ -54,6 +64,27 @@ class DcaUnavailable(RuntimeError):
     def __init__(self, message: str, nodes: list[str]) -> None:
         super().__init__(message)
         self.nodes = nodes
+
+
+@dataclass(frozen=True)
+class OwnerAnswers:
+    """An owner host's answer to a batched call (``OwnerHost.for_owners``), owner by owner:
+    each owner's own result, or its own error line; one owner's failure leaves the others'."""
+
+    results: dict[str, Any]
+    errors: dict[str, str]
+
+
+Calls = dict[asyncio.Future[Any], list[str]]  # a call in flight -> the owners it answers for
+
+
+def _by_host(owners: dict[str, Any]) -> dict[Any, list[str]]:
+    """Owners grouped by the handle that hosts them (co-located owners share one; handles and
+    stand-ins hash by actor and by party), in the owners' order."""
+    hosts: dict[Any, list[str]] = {}
+    for owner, handle in owners.items():
+        hosts.setdefault(handle, []).append(owner)
+    return hosts
 
 
 class DcaHub:
@@ -122,14 +153,10 @@ class DcaHub:
         if dead:
             raise DcaUnavailable(f"compute nodes unreachable: {dead}", dead)
         keys = dict(zip(self.nodes, answers, strict=True))
-        calls = [h.dca_setup.remote(o, self.config, keys) for o, h in self.owners.items()]
-        frames = await asyncio.gather(*calls, return_exceptions=True)
-        for owner, reply in zip(self.owners, frames, strict=True):
-            if isinstance(reply, BaseException):
-                self.unready[owner] = f"set-up failed ({error_line(reply)})"
-        await self.route(
-            [f for reply in frames if not isinstance(reply, BaseException) for f in reply]
-        )
+        frames, failed = await self.collect(self.ask("dca_setup", lambda o: (self.config, keys)))
+        for owner, line in failed.items():
+            self.unready[owner] = f"set-up failed ({line})"
+        await self.route([f for owner in self.owners if owner in frames for f in frames[owner]])
         await self.attest()
 
     def _stop_if_nodes_failed(self) -> None:
@@ -163,13 +190,36 @@ class DcaHub:
             refused = sorted(set(per_node) - set(held))
             if refused:  # some node holds no registration of it: it can take part in no round
                 self.unready.setdefault(owner, f"registration refused by {refused}")
-        calls = [h.dca_roster.remote(o, parts[o]) for o, h in self.owners.items()]
-        for owner, reply in zip(
-            self.owners, await asyncio.gather(*calls, return_exceptions=True), strict=True
-        ):
-            if isinstance(reply, BaseException):
-                self.errors.append(f"{owner}: roster refused ({type(reply).__name__})")
-                self.unready.setdefault(owner, f"roster refused ({error_line(reply)})")
+        _, failed = await self.collect(self.ask("dca_roster", lambda o: (parts[o],)))
+        for owner in self.owners:
+            if owner in failed:
+                self.errors.append(f"{owner}: roster refused ({failed[owner].split(':')[0]})")
+                self.unready.setdefault(owner, f"roster refused ({failed[owner]})")
+
+    def ask(self, method: str, args: Callable[[str], tuple[Any, ...]]) -> Calls:
+        """:func:`ask_owners` for every owner of the session, each call as a future."""
+        return {asyncio.ensure_future(r): o for r, o in ask_owners(self.owners, method, args)}
+
+    async def collect(
+        self, calls: Calls, timeout: float | None = None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """The owners' answers to :meth:`ask`'s calls: (owner -> result, owner -> error line).
+        An owner whose host did not answer within ``timeout``, or whose host failed, is in the
+        errors with every owner of that host; an owner that failed inside a batch is there alone
+        (the batch's other owners keep their results)."""
+        if not calls:
+            return {}, {}
+        done, _ = await asyncio.wait(calls, timeout=timeout)
+        results: dict[str, Any] = {}
+        failed: dict[str, str] = {}
+        for call, owners in calls.items():
+            if call not in done:
+                failed.update({o: f"no answer within {timeout} s" for o in owners})
+                continue
+            got, lost = owner_answers(owners, call.exception() or call.result())
+            results.update(got)
+            failed.update(lost)
+        return results, failed
 
     async def round(
         self, spec: RoundSpec, what: str, options: dict[str, Any], timeout: float
@@ -181,21 +231,11 @@ class DcaHub:
         if refused is not None:
             self.absent[spec.round] = []
             return refused
-        owners = list(self.owners)
-        tasks = [
-            asyncio.ensure_future(self.owners[o].dca_contribute.remote(o, spec, what, options))
-            for o in owners
-        ]
+        calls = self.ask("dca_contribute", lambda o: (spec, what, options))
         await self.route(opened)  # while owners compute; nodes see the open before any share
-        done, _ = await asyncio.wait(tasks, timeout=timeout)
-        absent: list[str] = []
-        frames: list[bytes] = []
-        for owner, task in zip(owners, tasks, strict=True):
-            if task in done and task.exception() is None:
-                frames.extend(task.result())
-            else:
-                absent.append(owner)
-        self.absent[spec.round] = absent
+        shares, failed = await self.collect(calls, timeout)
+        self.absent[spec.round] = [o for o in self.owners if o in failed]
+        frames = [f for owner in self.owners if owner in shares for f in shares[owner]]
         await self.route(frames)  # every owner's shares in one call per compute node
         while (result := self.aggregator.result(spec.round)) is None:
             now = self.clock()
@@ -208,6 +248,37 @@ class DcaHub:
             if self.aggregator.result(spec.round) is None:
                 await asyncio.sleep(0.05)
         return result
+
+
+def ask_owners(
+    owners: dict[str, Any], method: str, args: Callable[[str], tuple[Any, ...]]
+) -> list[tuple[Any, list[str]]]:
+    """Call ``method`` for every owner of ``owners`` (name -> handle), one call per owner
+    host: a host with several owners (co-located in one actor) answers for all of them in one
+    ``for_owners`` call, each owner's answer computed with its own keys, ledger and gate as if
+    asked alone (actors/parties/owner.py); a host with one owner (a remote owner's stand-in,
+    an owner alone in its actor) gets the per-owner call. ``args(owner)``: that owner's
+    arguments after its name. Returns each call's reference with the owners it answers for
+    (unpack its answer with :func:`owner_answers`)."""
+    calls = []
+    for handle, names in _by_host(owners).items():
+        if len(names) == 1:
+            ref = getattr(handle, method).remote(names[0], *args(names[0]))
+        else:
+            ref = handle.for_owners.remote(method, {o: args(o) for o in names})
+        calls.append((ref, names))
+    return calls
+
+
+def owner_answers(owners: list[str], answer: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """One call of :func:`ask_owners` answered (a result, an :class:`OwnerAnswers` or the
+    exception the call raised), owner by owner: (owner -> result, owner -> error line)."""
+    if isinstance(answer, BaseException):
+        return {}, {o: error_line(answer) for o in owners}
+    if isinstance(answer, OwnerAnswers):
+        results = {o: answer.results[o] for o in owners if o in answer.results}
+        return results, {o: answer.errors.get(o, "no answer") for o in owners if o not in results}
+    return {owners[0]: answer}, {}
 
 
 def error_line(exc: BaseException) -> str:

@@ -7,7 +7,8 @@ summarisation :class:`Owner` party, the secure-sum client, the RACE sketch of it
 secure-sum rounds and its file tailers. Only msgpack frames cross the actor boundary:
 ``handle({owner: frames})`` decodes each frame with that owner's replay guard, hands it to the
 party and returns the encoded replies. A refused frame is logged and dropped; the actor keeps
-serving.
+serving. The secure-sum calls name one owner, or several at once (``for_owners``: one call per
+actor from the curator's hub, each owner answered alone).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.actors.budgets.gate import BudgetGate, OwnerGate
+from dpmarket.actors.parties.dca import OwnerAnswers, error_line
 from dpmarket.actors.parties.dcaowner import OperatorTrust, OwnerSecureSum, gated_contribute
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.agents.policy import RoundPrice
@@ -259,6 +263,27 @@ class OwnerHost:
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------ secure-sum client
+    async def for_owners(self, method: str, calls: dict[str, tuple[Any, ...]]) -> OwnerAnswers:
+        """One secure-sum call for several hosted owners at once (the hub's batch,
+        actors/parties/dca.py ``DcaHub.ask``): ``calls`` maps each owner to its arguments
+        after its name for ``method`` (``dca_identity``, ``dca_setup``, ``dca_roster`` or
+        ``dca_contribute``).
+        Each owner is answered by exactly the per-owner method, so with its own keys, plan,
+        allowance and gate, one after the other; an owner that fails or declines is in the
+        answer's errors alone and the others' answers stand. The batch only saves calls: every
+        frame in it is sealed by its owner as when asked alone, nothing is combined here."""
+        if method not in _BATCHED:
+            raise ValueError(f"for_owners: {method!r} is not one of {sorted(_BATCHED)}")
+        results: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        with _one_kernel_thread():
+            for owner, args in calls.items():
+                try:
+                    results[owner] = await getattr(self, method)(owner, *args)
+                except Exception as exc:  # that owner's failure alone, as when asked alone
+                    errors[owner] = error_line(exc)
+        return OwnerAnswers(results, errors)
+
     async def dca_identity(self, owner: str) -> bytes:
         """The public half of this owner's secure-sum X25519 key, for the operator to pin at the
         compute nodes (asked by the driver directly, never through the curator)."""
@@ -354,6 +379,30 @@ class OwnerHost:
             "asks": party.asks,
             "errors": list(hosted.errors),
         }
+
+
+_BATCHED = frozenset({"dca_identity", "dca_setup", "dca_roster", "dca_contribute"})  # for_owners
+
+
+@contextmanager
+def _one_kernel_thread() -> Iterator[None]:
+    """The sketch kernels (streams/race/kernels.py, numba ``prange`` over the rows) on this
+    thread alone while a batch runs: the owners of a batch are sketched one after another and
+    the owner processes already run side by side, so the kernels' threads only contend for the
+    same cores (a 500-record sketch took 5-6 ms with two threads on the loaded two-core machine,
+    0.5 ms with one: benchmarks/RESULTS.md "owner_scale"). Counters are integers summed in any
+    order, so the result is the same."""
+    try:
+        import numba
+    except ImportError:  # the kernels' numpy fallback: no threads to limit
+        yield
+        return
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 def _dca_of(hosted: _Hosted, owner: str) -> OwnerSecureSum:

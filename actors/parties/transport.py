@@ -191,6 +191,9 @@ class RayTransport:
         import time
 
         self.handles = dict(handles)
+        self.hosted: dict[Any, set[str]] = {}  # handle -> the owners it hosts, found once
+        for owner, handle in self.handles.items():
+            self.hosted.setdefault(handle, set()).add(owner)
         self.faults = faults or FaultPlan()
         self.clock = clock or time.monotonic
         self.poll = poll
@@ -242,14 +245,13 @@ class RayTransport:
                 try:
                     frames = fut.result()
                 except ray.exceptions.RayActorError:  # every owner the actor hosted is gone
-                    hosted = {o for o, h in self.handles.items() if h == handle}
+                    hosted = set(self.hosted[handle])
                     self.dead.update(hosted)
                     outbox.extend(party.lose(hosted))
                     if on_step is not None:  # a loss can refuse the run: the curator must see
                         on_step()  # it (journal, cancel a refresh in flight) before the loop ends
                     continue
-                hosted = {o for o, h in self.handles.items() if h == handle}
-                outbox.extend(self._receive(party, frames, hosted))
+                outbox.extend(self._receive(party, frames, self.hosted[handle]))
                 if on_step is not None:
                     on_step()
 
@@ -283,7 +285,7 @@ class RayTransport:
                 continue
             if self.faults.is_dead(msg.recipient, msg.round) and msg.recipient not in self.dead:
                 ray.kill(handle, no_restart=True)  # with every owner the process hosts
-                self.dead.update(o for o, h in self.handles.items() if h == handle)
+                self.dead.update(self.hosted[handle])
             frame = encode(msg)
             self.frames_sent += 1
             self.bytes_sent += len(frame)

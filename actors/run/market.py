@@ -213,12 +213,16 @@ def purchase(
     curator's payload (state "refused" when T was exceeded). Also each request of a config
     with ``[[requests]]`` (actors/run/requests.py), on the same owner actors. ``phases``
     receives the seconds of normalise (with the nodes' spawn and the session's set-up), scan
-    and the epochs."""
+    and the epochs, and of the two parts of normalise that are the secure sum's own: the
+    session's set-up (``secure_setup``) and the normalise round (``normalise_round``)."""
     phases = {} if phases is None else phases
     tick = time.perf_counter()
-    secure = secure_phases(config, prep, market, snapshot, journal)
-    phases["scan"] = float(secure.get("seconds", {}).get("scan", 0.0))
+    secure = secure_phases(config, prep, market, snapshot, journal, phases)
+    rounds = secure.get("seconds", {})
+    phases["scan"] = float(rounds.get("scan", 0.0))
     phases["normalise"] = time.perf_counter() - tick - phases["scan"]
+    phases["secure_setup"] = float(rounds.get("setup", 0.0))  # inside normalise, as is the round
+    phases["normalise_round"] = float(rounds.get("normalise", 0.0))
     if "refused" in secure:  # a secure round short of T: nothing after it runs
         refused: dict[str, Any] = secure["refused"]
         return refused | {"unready": secure.get("unready", {})}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dpmarket.actors.config.market import MarketConfig
-from dpmarket.actors.parties.dca import error_line
+from dpmarket.actors.parties.dca import ask_owners, error_line, owner_answers
 from dpmarket.actors.parties.dcaowner import OperatorTrust
 from dpmarket.actors.parties.faults import FaultPlan
 from dpmarket.actors.parties.securephase_journal import journaled_summary, secure_resumable
@@ -201,10 +202,12 @@ def secure_phases(
     market: RayMarket,
     snapshot: Any,
     journal: Path | None = None,
+    timings: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Spawn the compute nodes and run normalise + scan through the curator's hub; with
     ``[privacy].refresh_every`` the nodes stay up for the refresh rounds
-    (actors/parties/refresh.py).
+    (actors/parties/refresh.py). ``timings`` receives the seconds of the nodes' spawn with the
+    owners' keys (``secure_nodes``) and of the owners' kernel warm-up (``kernels``).
 
     A curator actor lost during them (``RayActorError``: killed, crashed) is respawned from
     ``journal`` up to MAX_CURATOR_RESTARTS times and continues the same session: rounds it
@@ -223,12 +226,17 @@ def secure_phases(
             )
             return {"skipped": "disabled ([privacy].secure_phases = false)"}
         return {"skipped": "resumed run"}
+    timings = {} if timings is None else timings
+    tick = time.perf_counter()
     handles = spawn_nodes(prep, market)
+    timings["secure_nodes"] = time.perf_counter() - tick
     for name in config.faults.kill_compute:  # simulated compute-node crash
         if name in handles and not is_remote(handles[name]):
             ray.kill(handles[name], no_restart=True)
     progress("owners: compiling sketch kernels")
+    tick = time.perf_counter()
     gather_alive([h.warm_up.remote() for h in unique_actors(market.owners)])
+    timings["kernels"] = time.perf_counter() - tick
     progress("secure sums: normalise and scan")
     market.compute_nodes = handles  # killed with the market
     restarts, session_ready = 0, False
@@ -306,7 +314,12 @@ def spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
     from dpmarket.protocol.securesum.sealing import generate_keypair
 
     owners, dca = market.owners, prep.config
-    answers = gather_alive([owners[o].dca_identity.remote(o) for o in dca.clients])
+    asked = ask_owners({o: owners[o] for o in dca.clients}, "dca_identity", lambda o: ())
+    known: dict[str, Any] = {}  # one call per owner host; an owner that failed is absent
+    for (_, names), answer in zip(asked, gather_alive([r for r, _ in asked]), strict=True):
+        if answer is not None:
+            known.update(owner_answers(names, answer)[0])
+    answers = [known.get(o) for o in dca.clients]
     # a remote owner answers with its key signed by its TLS key (actors/remote/owneragent.py):
     # its remote nodes check the proof themselves, so the market cannot swap the key
     proofs = {o: a for o, a in zip(dca.clients, answers, strict=True) if isinstance(a, dict)}

@@ -1,0 +1,293 @@
+"""Secure sums per owner host (actors/parties/dca.py ``DcaHub.ask``, actors/parties/owner.py
+``OwnerHost.for_owners``): an actor hosting several owners answers the set-up, the roster and
+each round for all of them in one call.
+
+Real ``OwnerHost`` objects, compute-node parties, the aggregator and the codec; only Ray is
+replaced by handles whose calls are coroutines (as in test_refresh.py). The nodes pin every
+owner's key, as the operator does. Noise is reproducible, so the same owners give the same
+release whether they are asked per owner or per host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dpmarket.actors.budgets.gate import BudgetGate, OwnerBudget
+from dpmarket.actors.parties.compute import ComputeNodeHost
+from dpmarket.actors.parties.dca import DcaHub
+from dpmarket.actors.parties.dcaowner import OperatorTrust
+from dpmarket.actors.parties.owner import OwnerHost
+from dpmarket.actors.randomness import NoiseSource
+from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
+from dpmarket.protocol.securesum.messages import RegisterBody, SharesBody
+from dpmarket.protocol.securesum.plan import SecureSumPlan
+from dpmarket.protocol.securesum.sealing import generate_keypair, key_fingerprint
+from dpmarket.protocol.securesum.spec import DcaConfig, RoundResult
+from dpmarket.protocol.wire.codec import decode
+
+pytestmark = pytest.mark.asyncio
+
+OWNERS = ("owner-0", "owner-1", "owner-2", "owner-3", "owner-4")
+NODES = ("compute-1", "compute-2", "compute-3")
+DIM, RECORDS, BOUND = 2, 1000, 3.0
+MOMENTS = {"bound": BOUND}
+SKETCH = {"family": "l2", "rows": 4, "width": 8, "seed": 7, "bandwidth": 1.5}
+
+
+class _Handle:
+    """An actor's handle without Ray: ``METHOD.remote(*args)`` runs the object's method as a
+    task; every call is counted by method (what crosses the actor boundary)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target, self.calls = target, []
+
+    def __getattr__(self, method: str) -> SimpleNamespace:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return SimpleNamespace(remote=lambda *args: self._call(method, args))
+
+    def _call(self, method: str, args: tuple[Any, ...]) -> asyncio.Future[Any]:
+        self.calls.append(method)
+        return asyncio.ensure_future(getattr(self.target, method)(*args))
+
+
+class _Node(ComputeNodeHost):
+    """A local compute node's actor class that keeps every frame it is handed (its whole view
+    of the owners)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[bytes] = []
+
+    async def handle(self, frames: list[bytes]) -> list[bytes]:
+        self.seen.extend(frames)
+        return await super().handle(frames)
+
+
+def _records(owner: str, dim: int = DIM) -> np.ndarray[Any, np.dtype[np.float64]]:
+    index = OWNERS.index(owner)
+    return np.random.default_rng(100 + index).uniform(0.0, BOUND, (RECORDS, dim))
+
+
+class _Market:
+    """The operator's session: node keys and plan first, owner hosts built with the trust
+    anchors (grouped as ``hosts`` says), then nodes pinning every owner's key (``swap``: two
+    owners' keys pinned under each other's names)."""
+
+    def __init__(self, hosts: list[tuple[str, ...]], **options: Any) -> None:
+        self.config = DcaConfig("run-dca", OWNERS, NODES, tolerance=1, bound=1e7, frac_bits=24)
+        self.plan = SecureSumPlan.calibrated(
+            self.config,
+            1e-5,
+            {
+                "normalise": ("moments", 2 * DIM + 1, 1.0, 2 * BOUND, 1, MOMENTS),
+                "scan": ("sketch", 32, 1.0, 2.0, 1, SKETCH),
+            },
+            neighbouring=ADD_REMOVE,
+        )
+        self.node_keys = {n: generate_keypair() for n in NODES}
+        pins = {n: key_fingerprint(pub) for n, (_, pub) in self.node_keys.items()}
+        trust = OperatorTrust(self.config, pins, self.plan)
+        noise = NoiseSource.reproducible(7)
+        dims = options.get("dims", {})
+        self.handles: dict[str, _Handle] = {}
+        for group in hosts:
+            data = {o: (_records(o, dims.get(o, DIM)), None) for o in group}
+            host = OwnerHost("run", data, noise, dca=trust, budgets=options.get("budgets"))
+            handle = _Handle(host)  # one per host, as co-located owners share their actor's
+            self.handles.update((o, handle) for o in group)
+        self.swap: tuple[str, ...] = options.get("swap", ())
+
+    async def start(self) -> DcaHub:
+        """Pin the owners' keys at the nodes (the operator asks each owner directly) and set
+        the session up through the hub."""
+        keys = {o: await h.target.dca_identity(o) for o, h in self.handles.items()}
+        if self.swap:
+            a, b = self.swap
+            keys[a], keys[b] = keys[b], keys[a]
+        self.nodes = {
+            n: _Node(self.config, n, private.private_bytes_raw(), keys, self.plan)
+            for n, (private, _) in self.node_keys.items()
+        }
+        node_handles = {n: _Handle(node) for n, node in self.nodes.items()}
+        ticks = itertools.count(0.0, 5.0)  # simulated time: a round with an absent owner
+        # closes at its deadline after a few of the hub's polls, not a minute later
+        self.hub = DcaHub(
+            self.config, node_handles, dict(self.handles), PrivacyLedger("dca"), ticks.__next__
+        )
+        await self.hub.setup()
+        return self.hub
+
+    async def normalise(self) -> RoundResult:
+        await self.start()
+        spec = self.plan.spec("normalise", 1)
+        return await self.hub.round(spec, "moments", MOMENTS, timeout=60.0)
+
+    async def scan(self) -> RoundResult:
+        """The second round: every owner's RACE sketch counters (the batch's owners sketched
+        with the kernels on one thread, actors/parties/owner.py ``_one_kernel_thread``)."""
+        return await self.hub.round(self.plan.spec("scan", 2), "sketch", SKETCH, timeout=60.0)
+
+    def calls(self, method: str) -> int:
+        unique = {id(h): h for h in self.handles.values()}
+        return sum(h.calls.count(method) for h in unique.values())
+
+    def client_frames(self) -> list[Any]:
+        """Every frame an owner sent to a node, decoded (the nodes' view of the owners)."""
+        frames = [decode(f) for node in self.nodes.values() for f in node.seen]
+        return [m for m in frames if m.sender.startswith("client:")]
+
+
+def _truth(owners: tuple[str, ...]) -> np.ndarray[Any, np.dtype[np.float64]]:
+    rows = [_records(o) for o in owners]
+    X = np.vstack(rows)
+    return np.concatenate([X.sum(axis=0), (X**2).sum(axis=0), [float(len(X))]])
+
+
+def _view(market: _Market) -> list[tuple[Any, ...]]:
+    """What the nodes received from the owners, without the key-dependent bytes: who sent it,
+    to whom, its kind, which roster clients it carries and the shapes of its sealed arrays."""
+    out = []
+    for m in market.client_frames():
+        body = m.body
+        if isinstance(body, RegisterBody):
+            rows = (tuple(np.asarray(body.clients).tolist()), np.asarray(body.public_keys).shape)
+        else:
+            assert isinstance(body, SharesBody)
+            rows = (
+                tuple(np.asarray(body.value_clients).tolist()),
+                np.asarray(body.value_frames).shape,
+                tuple(np.asarray(body.seed_clients).tolist()),
+                np.asarray(body.seed_frames).shape,
+            )
+        out.append((m.sender, m.recipient, type(body).__name__, rows))
+    return sorted(out)
+
+
+async def test_a_batch_releases_what_owners_asked_one_by_one_release() -> None:
+    """Three owners in one host and two alone: the host gets one call per step (set-up,
+    roster, each round), and both releases (moments, sketch counters) equal, bit for bit, those
+    of the same owners each asked alone (each owner's share is its own, sealed with its own
+    keys: the masks cancel exactly)."""
+    batched = _Market([OWNERS[:3], OWNERS[3:4], OWNERS[4:]])
+    alone = _Market([(o,) for o in OWNERS])
+    got, want = await batched.normalise(), await alone.normalise()
+    assert got.released and want.released and got.value is not None and want.value is not None
+    assert set(got.included) == set(OWNERS) and batched.hub.absent[1] == []
+    np.testing.assert_array_equal(got.value, want.value)
+    assert abs(got.value[-1] - _truth(OWNERS)[-1]) < 6 * got.sigma_std  # the count, within noise
+    got, want = await batched.scan(), await alone.scan()
+    assert got.released and got.value is not None and want.value is not None
+    np.testing.assert_array_equal(got.value, want.value)  # the sketches' counters too
+    big = batched.handles["owner-0"]
+    assert big.calls == ["for_owners"] * 4  # set-up, roster, two rounds: one call each
+    assert batched.calls("dca_contribute") == 2 * 2  # the two owners alone: per owner
+    assert alone.calls("dca_contribute") == 2 * len(OWNERS) and alone.calls("for_owners") == 0
+    assert batched.hub.errors == [] and batched.hub.unready == {}
+
+
+async def test_the_nodes_see_the_same_sealed_frames_per_owner_as_without_batches() -> None:
+    """Adversary view of a compute node: with batches it receives exactly the messages it
+    received before, the same registrations and share frames per owner, each from that
+    owner's client and carrying that owner's roster index alone: the host combines nothing,
+    and every share reaches the node sealed, as its owner made it."""
+    batched = _Market([OWNERS[:4], OWNERS[4:]])
+    alone = _Market([(o,) for o in OWNERS])
+    await batched.normalise()
+    await alone.normalise()
+    view = _view(batched)
+    assert view == _view(alone)
+    assert {kind for _, _, kind, _ in view} == {"RegisterBody", "SharesBody"}
+    index = batched.config.index
+    for m in batched.client_frames():
+        owner = m.sender.removeprefix("client:")
+        body = m.body
+        clients = body.clients if isinstance(body, RegisterBody) else body.value_clients
+        seeds = [] if isinstance(body, RegisterBody) else np.asarray(body.seed_clients).tolist()
+        assert set(np.asarray(clients).tolist()) | set(seeds) == {index[owner]}
+
+
+async def test_each_owner_registers_its_own_key_inside_a_batch() -> None:
+    """The nodes pin every owner's key; a batch's registrations each carry the key of the
+    owner that sent it and are admitted, so no owner's key served another. With owner-0's and
+    owner-1's keys pinned under each other's names, the nodes refuse exactly those two."""
+    market = _Market([OWNERS])
+    await market.start()
+    host = market.handles["owner-0"].target
+    registrations = [m for m in market.client_frames() if isinstance(m.body, RegisterBody)]
+    assert len(registrations) == len(OWNERS) * len(NODES)
+    for m in registrations:
+        owner = m.sender.removeprefix("client:")
+        assert np.asarray(m.body.public_keys).tobytes() == await host.dca_identity(owner)
+    for node in market.nodes.values():
+        assert set((await node.attest())["admitted"]) == set(OWNERS)
+    assert market.hub.unready == {}
+
+    crossed = _Market([OWNERS], swap=("owner-0", "owner-1"))
+    await crossed.start()
+    for node in crossed.nodes.values():
+        assert set((await node.attest())["admitted"]) == set(OWNERS[2:])
+        assert len(node.errors) == 2  # the two refused registrations, nothing else
+    assert set(crossed.hub.unready) == {"owner-0", "owner-1"}  # their rosters do not verify
+
+
+async def test_a_failing_and_a_declining_owner_in_a_batch_answer_alone(tmp_path: Any) -> None:
+    """In one host of five owners, owner-1's records have another feature count (its
+    contribution fails) and owner-3's cap cannot pay the round (its gate declines): each is
+    reported by name with its own reason, and the other three owners' shares come back."""
+    store = str(tmp_path / "owner-3.sqlite")
+    budgets = {"owner-3": BudgetGate(OwnerBudget(store, 0.01, 1e-6), "run")}
+    market = _Market([OWNERS], dims={"owner-1": DIM + 1}, budgets=budgets)
+    hub = await market.start()
+    spec = market.plan.spec("normalise", 1)
+    shares, failed = await hub.collect(
+        hub.ask("dca_contribute", lambda o: (spec, "moments", MOMENTS))
+    )
+    assert market.calls("for_owners") == 3  # set-up, roster, this round: one call each
+    assert set(failed) == {"owner-1", "owner-3"}
+    assert failed["owner-3"].startswith("BudgetDeclined")
+    assert failed["owner-1"].startswith("ValueError")
+    assert set(shares) == {"owner-0", "owner-2", "owner-4"} and all(shares.values())
+    view = await market.handles["owner-3"].target.budget_view("owner-3")
+    assert view is not None and view["declines"], view  # its own store recorded the decline
+
+
+async def test_a_round_counts_the_batch_owners_that_answered() -> None:
+    """The round itself: the failing owner is absent and missing, the other four included,
+    and their sum released (the count within noise of theirs alone, not of all five)."""
+    market = _Market([OWNERS], dims={"owner-1": DIM + 1})
+    result = await market.normalise()
+    assert result.released and result.value is not None
+    assert market.hub.absent[1] == ["owner-1"]
+    assert set(result.included) == set(OWNERS) - {"owner-1"}
+    truth = _truth(tuple(o for o in OWNERS if o != "owner-1"))
+    assert abs(result.value[-1] - truth[-1]) < 6 * result.sigma_std
+    assert abs(result.value[-1] - truth[-1] - RECORDS) > 6 * result.sigma_std
+
+
+async def test_a_host_batches_only_the_secure_sum_calls() -> None:
+    market = _Market([OWNERS[:2]])
+    host = market.handles["owner-0"].target
+    with pytest.raises(ValueError, match="for_owners: 'add_records' is not one of"):
+        await host.for_owners("add_records", {"owner-0": (np.zeros((1, DIM)),)})
+    answer = await host.for_owners("dca_roster", {"owner-9": ({},), "owner-0": ({},)})
+    assert set(answer.errors) == {"owner-9", "owner-0"} and answer.results == {}
+    assert "not hosted here" in answer.errors["owner-9"]
+    assert "before dca_setup" in answer.errors["owner-0"]
+
+
+async def test_a_batch_leaves_the_kernels_thread_count_as_it_found_it() -> None:
+    """Inside a batch the sketch kernels run on one thread; after it (and after a failing
+    owner) the thread's own setting is back."""
+    numba = pytest.importorskip("numba")
+    before = numba.get_num_threads()
+    market = _Market([OWNERS], dims={"owner-1": DIM + 1})
+    await market.normalise()
+    await market.scan()
+    assert market.hub.absent[1] == ["owner-1"] and numba.get_num_threads() == before
