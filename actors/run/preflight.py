@@ -250,12 +250,15 @@ def plan_run(
     inputs: OwnerInputs,
     gamma: float,
     files: dict[str, list[str]] | None = None,
+    records: float | None = None,
 ) -> RunPlan:
-    """The run's parameters and a :class:`ReleaseCheck` per release, from public numbers."""
+    """The run's parameters and a :class:`ReleaseCheck` per release, from public numbers;
+    ``records``: the expected record count to plan with (a resume's, journaled when the run
+    started: actors/config/journaled.py), else counted now (:func:`expected_records`)."""
     m = len(inputs.validation)
     remote = config.remote.owners if config.remote is not None else ()
     params = config.curator_params(gamma, m)
-    records = expected_records(inputs, files)
+    records = expected_records(inputs, files) if records is None else records
     delta, secure = config.delta, config.secure
     checks = [validation_check(params, m, delta)]
     gaussians: list[tuple[float, float, int]] = []  # each owner's secure-sum events
