@@ -18,7 +18,8 @@ anyway. Privacy of that decision: it reads the config and the expected record co
 which is a config value in a simulation and, for input files, public under the replace-one
 relation every files market runs under (each owner's n_i is fixed by it; add/remove is refused
 with files: actors/config/market.py), so whether the round runs reveals nothing the relation
-protects.
+protects. The decision and the count are journaled with the run (actors/config/journaled.py):
+its resume plans with them rather than recounting files that grew or rotated since.
 """
 
 from __future__ import annotations
