@@ -11,6 +11,7 @@ and ``exit_code`` 3 (its report.json says what happened and how to resume).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpmarket.actors.config.market import ConfigError, MarketConfig, load_market_config
+from dpmarket.actors.randomness import NOISE_WARNING
 from dpmarket.actors.run.outcome import MarketOutcome
 from dpmarket.actors.run.preflight import RunPlan, check_plan
 from dpmarket.actors.run.report import CONSUMER_REPORT, PUBLIC_REPORT
@@ -173,11 +175,21 @@ def run_market(
 
     Before anything is spent the preflight is made (``MarketResult.plan``) and, with ``echo``,
     printed; with ``strict`` a warning refuses the run (:class:`ConfigError`, nothing started).
-    ``address``: a Ray cluster (default: an embedded local instance)."""
+    ``address``: a Ray cluster (default: an embedded local instance).
+
+    A :class:`MarketConfig` must be what its own text and overrides parse to: one changed in
+    code (``dataclasses.replace``) is refused with :class:`ConfigError` naming the fields, since
+    the refusals made at parse time (noise from a public seed, or add/remove neighbours, on
+    private files) never saw it; give such values as ``load_config`` overrides. Noise from a
+    public seed (``[run].reproducible_noise``) is warned about on stderr, as by the command."""
+    from dpmarket.actors.config.journaled import check_as_parsed
     from dpmarket.actors.run.market import run_market as run_one
     from dpmarket.actors.run.requests import run_requests
 
     loaded = config if isinstance(config, MarketConfig) else load_config(config)
+    check_as_parsed(loaded)  # before anything starts
+    if loaded.reproducible_noise:
+        print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)
     seen: list[RunPlan] = []
 
     def before_start(plan: RunPlan) -> None:

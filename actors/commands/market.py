@@ -51,11 +51,10 @@ def _market(args: argparse.Namespace) -> int:
         outcome = resume_market(Path(args.out), args.address, connected=_ray_line)
     else:
         config = api.load_config(args.config, args.set)
-        if config.reproducible_noise:
-            print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)
         if args.command == "validate":
             return _validate(config, args.out)
-        outcome = api.run_market(  # [[requests]]: one purchase after another
+        # warns of noise from a public seed; [[requests]]: one purchase after another
+        outcome = api.run_market(
             config, args.out, address=args.address, strict=args.strict, connected=_ray_line
         )
     if outcome.report:
@@ -74,6 +73,8 @@ def _market(args: argparse.Namespace) -> int:
 
 def _validate(config: MarketConfig, out: str | None) -> int:
     """Print the configuration and, for a files market, what each input file showed."""
+    if config.reproducible_noise:
+        print(f"dpmarket: WARNING: {NOISE_WARNING}", file=sys.stderr)
     print(json.dumps(config.public_record(), indent=2, default=str))
     if config.source == "files":
         checked = [check_inputs(config)]

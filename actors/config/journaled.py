@@ -19,7 +19,16 @@ the file at its path or of a rotated sibling (``NAME*``, as the tailer matches t
 appended since are fine: owners keep ingesting. Before the run goes on, :func:`journal_config`
 restores what it wrote and compares it with the configuration the run uses; a configuration
 changed in code after it was parsed (which its text cannot restore) is journaled as not
-restorable, and ``resume`` refuses it by name rather than resume another run.
+restorable, and ``resume`` refuses it by name rather than resume another run. The Python API
+refuses such a configuration before anything starts (:func:`check_as_parsed`): the refusals
+made when a configuration is parsed (noise from a public seed, or add/remove neighbours, on
+private files) never saw it.
+
+The same record holds the run's plan decision that depends on more than the configuration
+(:func:`journaled_plan`): whether the normalise round is skipped, and the expected record
+count that decided it (owners' files may grow before a resume, a rotated file may shrink the
+count at its path). A resume, and a rerun of the same purchase's unreleased start, reuse it, so
+the round a run planned (charged or not) is the round its resume plans.
 """
 
 from __future__ import annotations
@@ -43,8 +52,11 @@ from dpmarket.protocol.summary.params import CuratorParams
 __all__ = [
     "CONFIG_FILE",
     "INPUTS_DIR",
+    "changed_fields",
+    "check_as_parsed",
     "check_resumed_mechanism",
     "journal_config",
+    "journaled_plan",
     "released_nothing",
     "restore_config",
     "same_unreleased_start",
@@ -108,9 +120,12 @@ def stage_consumer_files(config: MarketConfig, journal_dir: Path) -> MarketConfi
     return dataclasses.replace(config, data=data)
 
 
-def journal_config(config: MarketConfig, journal_dir: Path) -> None:
+def journal_config(
+    config: MarketConfig, journal_dir: Path, plan: dict[str, Any] | None = None
+) -> None:
     """Write ``journal_dir/config.json`` for ``config`` (staged: :func:`stage_consumer_files`),
-    then check that :func:`restore_config` gives it back (module docstring)."""
+    then check that :func:`restore_config` gives it back (module docstring). ``plan``: the
+    run's plan decision (``records``, ``normalise_skipped``: :func:`journaled_plan`)."""
     record: dict[str, Any] = {
         "version": VERSION,
         "path": str(Path(config.path).absolute()),
@@ -119,6 +134,9 @@ def journal_config(config: MarketConfig, journal_dir: Path) -> None:
         "consumer": {},
         "owners": {},
     }
+    if plan is not None:
+        record["plan"] = {"records": float(plan["records"]),
+                          "normalise_skipped": plan["normalise_skipped"]}  # fmt: skip
     if config.source == "files":
         for key in CONSUMER_KEYS:
             if isinstance(config.data.get(key), str):
@@ -133,14 +151,59 @@ def journal_config(config: MarketConfig, journal_dir: Path) -> None:
     _write(journal_dir, record)
     try:
         restored = restore_config(journal_dir, check_owner_files=False)  # just fingerprinted
-        a, b = _comparable(restored), _comparable(config)
-        differ = [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
+        differ = changed_fields(restored, config)
         same = not differ
         why = f"the configuration was changed after it was parsed from its text: {differ}"
     except ConfigError as exc:
         same, why = False, str(exc)
     if not same:
         _write(journal_dir, record | {"restorable": False, "reason": why})
+
+
+def journaled_plan(journal_dir: Path) -> dict[str, Any] | None:
+    """The plan decision the run journaled at its start: ``records`` (the expected record
+    count the plan used) and ``normalise_skipped`` (the plan's line, or None: the round runs);
+    None when the journal holds none (a run journaled before decisions were)."""
+    try:
+        record = json.loads((journal_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    plan = record.get("plan") if isinstance(record, dict) else None
+    if not isinstance(plan, dict):
+        return None
+    skipped = plan.get("normalise_skipped")
+    if not isinstance(plan.get("records"), int | float) or not isinstance(skipped, str | None):
+        raise ConfigError(f"{journal_dir / CONFIG_FILE}: its plan decision is malformed: {plan}")
+    return {"records": float(plan["records"]), "normalise_skipped": skipped}
+
+
+def changed_fields(a: MarketConfig, b: MarketConfig) -> list[str]:
+    """The fields in which two configurations say different things (bookkeeping and simulated
+    faults aside: :func:`_comparable`)."""
+    a, b = _comparable(a), _comparable(b)
+    return [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
+
+
+def check_as_parsed(config: MarketConfig) -> None:
+    """Refuse (ConfigError naming the fields) a configuration that is not what its own text
+    and overrides parse to: one changed in code after it was parsed (``dataclasses.replace``)
+    skipped the refusals only parsing makes (``[run].reproducible_noise`` or
+    ``neighbouring = "add_remove"`` with files: actors/config/market.py), and a run could not
+    journal it for its resume either."""
+    try:
+        parsed = parse_market_config(config.text, config.path, list(config.sets))
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{config.path}: this configuration is not what its own text and overrides parse to "
+            f"(parsing them refuses: {exc}); set every value in the TOML or as an override"
+        ) from None
+    if differ := changed_fields(parsed, config):
+        raise ConfigError(
+            f"{config.path}: the configuration was changed after it was parsed from its text: "
+            f"{', '.join(differ)} differ from what its text and overrides say, so the checks "
+            "made when a configuration is parsed never saw them; set them in the TOML or as "
+            "overrides (load_config(path, overrides))"
+        )
 
 
 def _fingerprint(path: Path) -> dict[str, Any]:

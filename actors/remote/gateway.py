@@ -10,7 +10,9 @@ names that party and its role: a valid certificate claiming another party's name
 Every refused connection the gateway's code sees, every stream replaced by a second concurrent
 one with the same certificate, and every party that dials in again after its stream ended
 (rejoined) is counted by kind, (the certificate's fingerprint, the reason), in a bounded table
-(actors/remote/refused.py, :meth:`Gateway.refusals`): the driver prints each kind, rate-limited,
+(actors/remote/refused.py, :meth:`Gateway.refusals`; the declared parties' kinds are never
+crowded out by undeclared ones, and the log of joins and leaves is counted and its last
+entries kept): the driver prints each kind, rate-limited,
 and report.json lists them (actors/run/remote.py). The same agent process dialling in again
 (its hello's ``instance``) rejoins even if its old stream has not been seen to end; another
 process's stream replaces the first, whose agent is told (``agent.end`` with ``replaced``)
@@ -51,7 +53,13 @@ import ray
 
 from dpmarket.actors.remote.channel import peer_certificate, start_server
 from dpmarket.actors.remote.control import ABSENT, RAISE, AgentUnavailable, pack_call, read_result
-from dpmarket.actors.remote.refused import REJOINED, REPLACED, RefusalCounts
+from dpmarket.actors.remote.refused import (
+    LOG_KEPT,
+    REJOINED,
+    REPLACED,
+    EventLog,
+    RefusalCounts,
+)
 from dpmarket.actors.remote.tls import fingerprint, server_credentials
 from dpmarket.protocol.agents.messages import (
     GATEWAY,
@@ -68,6 +76,7 @@ from dpmarket.protocol.wire.parties import Outbox
 __all__ = ["GATEWAY", "Gateway", "GatewayActor"]
 
 HELLO_TIMEOUT = 10.0  # seconds an admitted connection has to say who it is
+ERRORS_KEPT = 20  # each party's last call or protocol errors kept (a redialling party grows none)
 
 
 @dataclass
@@ -106,10 +115,11 @@ class Gateway:
         parties: dict[str, tuple[str, str]],
         call_timeout: float = 120.0,
         reconnect_grace: float = 0.0,
+        log_kept: int = LOG_KEPT,
     ) -> None:
         """``parties``: name -> (role, certificate fingerprint) of every declared remote party;
         ``reconnect_grace``: seconds a call waits for a party whose stream broke to come back
-        (module docstring)."""
+        (module docstring); ``log_kept``: the log's last entries kept (every one counted)."""
         for name, (role, _) in parties.items():
             if role not in ROLES:
                 raise ValueError(f"{name}: role {role!r} is not one of {ROLES}")
@@ -125,15 +135,27 @@ class Gateway:
         self._sessions: dict[str, _Session] = {}
         self._server: grpc.aio.Server | None = None
         self.port = 0
-        self.log: list[dict[str, Any]] = []  # joins, leaves and refusals, in order
-        self.errors: dict[str, list[str]] = {}
-        self._counts = RefusalCounts()  # refused, replaced, rejoined: by (fingerprint, reason)
+        self._log = EventLog(log_kept)  # joins, leaves and first refusals: counted, last kept
+        self.errors: dict[str, list[str]] = {}  # each party's last ERRORS_KEPT call errors
+        # refused, replaced, rejoined: by (fingerprint, reason); the declared never pooled
+        self._counts = RefusalCounts(self._by_fingerprint)
         self._silent: set[str] = set()  # left a call unanswered on an open stream (reachable)
 
+    @property
+    def log(self) -> list[dict[str, Any]]:
+        """The log's last entries (at most ``log_kept``), oldest first."""
+        return self._log.entries()
+
     def _note(self, event: str, party: str | None, detail: str = "") -> None:
-        self.log.append({"at": time.time(), "event": event, "party": party, "detail": detail})
+        self._log.add(time.time(), event, party, detail)
         if event == "refused":
             print(f"dpmarket gateway: refused a connection: {detail}", file=sys.stderr, flush=True)
+
+    def _error(self, party: str, why: str) -> None:
+        """One call or protocol error of ``party``; its last ERRORS_KEPT are kept."""
+        kept = self.errors.setdefault(party, [])
+        kept.append(why[:300])
+        del kept[:-ERRORS_KEPT]
 
     def _count(self, claimed: str | None, fp: str | None, reason: str, detail: str) -> bool:
         """One refused, replaced or rejoined connection (actors/remote/refused.py); True for the
@@ -142,7 +164,8 @@ class Gateway:
 
     async def refusals(self) -> list[dict[str, Any]]:
         """Every kind of refused, replaced or rejoined connection with its count so far (at
-        most ``MAX_KINDS`` + 1 entries, however many connections came)."""
+        most ``MAX_KINDS`` undeclared kinds, one per reason past them, and the declared
+        parties' own, however many connections came)."""
         return self._counts.entries()
 
     async def start(self) -> int:
@@ -181,8 +204,10 @@ class Gateway:
         )
 
     async def report(self) -> dict[str, Any]:
-        """Joins, leaves and refusals so far, and each party's call errors."""
-        return {"log": list(self.log), "errors": dict(self.errors), "port": self.port}
+        """Joins, leaves and refusals so far (each (party, event) counted, the last entries
+        kept: :class:`EventLog`), and each party's last call errors."""
+        return {"log": self._log.summary(), "errors": {p: list(e) for p, e in self.errors.items()},
+                "port": self.port}  # fmt: skip
 
     async def _session_of(self, party: str, deadline: float) -> _Session | None:
         """The party's open stream, or the one it comes back with within the reconnect grace
@@ -235,7 +260,7 @@ class Gateway:
             if reply.declined:
                 why = f"declined: {reply.error or 'its policy'}"
                 if method == "begin":  # the owner's reasons go into the run's report
-                    self.errors.setdefault(party, []).append(why)
+                    self._error(party, why)
                     return {"accepted": False, "reasons": [reply.error or "declined"]}
             elif reply.error is not None:
                 why = f"{method} failed: {reply.error}"
@@ -244,7 +269,7 @@ class Gateway:
                     return read_result(role, method, reply.result)
                 except RemoteProtocolError as exc:
                     why = f"{method}: refused its result ({exc})"
-        self.errors.setdefault(party, []).append(why)
+        self._error(party, why)
         if absent is RAISE:
             raise AgentUnavailable(f"{party}: {why}")
         return absent
@@ -385,7 +410,7 @@ class Gateway:
                 if not fut.done():
                     fut.set_result(body)
         except RemoteProtocolError as exc:
-            self.errors.setdefault(session.party, []).append(f"protocol: {exc}")
+            self._error(session.party, f"protocol: {exc}")
             self._note("dropped", session.party, str(exc))
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             return  # the stream ended or broke: the session closes below, its calls answer absent

@@ -25,6 +25,7 @@ from dpmarket.actors.config.journaled import (
     CONFIG_FILE,
     check_resumed_mechanism,
     journal_config,
+    journaled_plan,
     restore_config,
     same_unreleased_start,
     stage_consumer_files,
@@ -283,7 +284,10 @@ def run_market(
     attempt = len(list((out / ".ingest").glob("attempt-*"))) if (out / ".ingest").exists() else 0
     attempt_dir = out / ".ingest" / f"attempt-{attempt}"
     inputs = market_inputs(config, out, headers, attempt_dir)
-    run_plan = plan_run(config, inputs.owners, inputs.gamma, inputs.files)
+    # run again into the OUT of the same purchase stopped before it released anything (the
+    # warm-up): its ledger run is kept, so its up-front charges are not paid twice
+    rerun = snapshot is None and same_unreleased_start(journal_dir, config)
+    run_plan = _plan(config, inputs, journal_dir, snapshot is not None or rerun)
     if checked is not None and checked.warnings:  # printed (or refused, --strict) before Ray
         run_plan = dataclasses.replace(run_plan, warnings=run_plan.warnings + checked.warnings)
     if before_start is not None and snapshot is None:
@@ -291,9 +295,6 @@ def run_market(
     if snapshot is not None:
         check_resumed_mechanism(snapshot, run_plan.params, out)
     journal_dir.mkdir(parents=True, exist_ok=True)
-    # run again into the OUT of the same purchase stopped before it released anything (the
-    # warm-up): its ledger run is kept, so its up-front charges are not paid twice
-    rerun = snapshot is None and same_unreleased_start(journal_dir, config)
     if rerun:
         print(
             f"dpmarket: {out} holds the start of this purchase, stopped before any release: "
@@ -310,7 +311,8 @@ def run_market(
         pool_file(journal_dir / "journal.json").unlink(missing_ok=True)
         (journal_dir / "config.toml").write_text(config.text, encoding="utf-8")  # for people
         (journal_dir / "config_path").write_text(str(Path(config.path).resolve()))
-        journal_config(config, journal_dir)  # what resume restores (actors/config/journaled.py)
+        decision = {"records": run_plan.records, "normalise_skipped": run_plan.normalise_skipped}
+        journal_config(config, journal_dir, decision)  # what resume restores (journaled.py)
     timings: dict[str, float] = {}
     phases: dict[str, float] = {}
     start = time.perf_counter()
@@ -331,6 +333,19 @@ def run_market(
     phases["spawn"] = phases.get("spawn", 0.0) + timings["start"]  # connecting to Ray too
     outcome.phase_seconds = phases | {"report": time.perf_counter() - tick}
     return outcome
+
+
+def _plan(config: MarketConfig, inputs: MarketInputs, journal_dir: Path, again: bool) -> RunPlan:
+    """The run's plan; ``again`` (a resume, or a rerun of the same unreleased start): with the
+    record count and normalise decision the run journaled when it started, never recounted
+    from owners' files that may have grown or rotated since (a flipped decision would open a
+    charged round the run never planned, or report "skipped" over a round already charged).
+    A journal from before decisions were journaled is planned afresh."""
+    held = journaled_plan(journal_dir) if again else None
+    if held is None:
+        return plan_run(config, inputs.owners, inputs.gamma, inputs.files)
+    plan = plan_run(config, inputs.owners, inputs.gamma, inputs.files, held["records"])
+    return dataclasses.replace(plan, normalise_skipped=held["normalise_skipped"])
 
 
 def _journaled_state(journal_dir: Path) -> str | None:

@@ -18,7 +18,8 @@ anyway. Privacy of that decision: it reads the config and the expected record co
 which is a config value in a simulation and, for input files, public under the replace-one
 relation every files market runs under (each owner's n_i is fixed by it; add/remove is refused
 with files: actors/config/market.py), so whether the round runs reveals nothing the relation
-protects.
+protects. The decision and the count are journaled with the run (actors/config/journaled.py):
+its resume plans with them rather than recounting files that grew or rotated since.
 """
 
 from __future__ import annotations
@@ -250,12 +251,15 @@ def plan_run(
     inputs: OwnerInputs,
     gamma: float,
     files: dict[str, list[str]] | None = None,
+    records: float | None = None,
 ) -> RunPlan:
-    """The run's parameters and a :class:`ReleaseCheck` per release, from public numbers."""
+    """The run's parameters and a :class:`ReleaseCheck` per release, from public numbers;
+    ``records``: the expected record count to plan with (a resume's, journaled when the run
+    started: actors/config/journaled.py), else counted now (:func:`expected_records`)."""
     m = len(inputs.validation)
     remote = config.remote.owners if config.remote is not None else ()
     params = config.curator_params(gamma, m)
-    records = expected_records(inputs, files)
+    records = expected_records(inputs, files) if records is None else records
     delta, secure = config.delta, config.secure
     checks = [validation_check(params, m, delta)]
     gaussians: list[tuple[float, float, int]] = []  # each owner's secure-sum events

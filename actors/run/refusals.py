@@ -2,12 +2,13 @@
 
 The gateway counts every connection it refuses or replaces, and every party that dials in again
 after its stream ended, by kind: (the certificate's fingerprint, the reason), at most
-``MAX_KINDS`` kinds (actors/remote/refused.py). :class:`RefusalWatch` asks it from a thread of
-the driver while the run goes on and prints, in ``dpmarket run``'s own output, the first of each
-kind at once and later ones of that kind at most one line per ``every`` seconds with how many
-came meanwhile (:class:`RefusalLines`, which is given the time): a flood of impostor hellos,
-whatever names they claim, is a few lines, never a line each. report.json lists every kind with
-its count (``faults.remote.refusals``; rejoins under ``faults.remote.rejoined``).
+``MAX_KINDS`` undeclared kinds besides the declared parties' own (actors/remote/refused.py).
+:class:`RefusalWatch` asks it from a thread of the driver while the run goes on and prints, in
+``dpmarket run``'s own output, the first of each kind at once and later ones of that kind at
+most one line per ``every`` seconds with how many came meanwhile (:class:`RefusalLines`, which
+is given the time): a flood of impostor hellos, whatever names they claim, is a few lines,
+never a line each. report.json lists every kind with its count (``faults.remote.refusals``;
+rejoins under ``faults.remote.rejoined``).
 """
 
 from __future__ import annotations

@@ -195,3 +195,53 @@ def test_a_resume_whose_config_now_selects_another_mechanism_is_refused(tmp_path
         check_resumed_mechanism(snapshot, now, tmp_path)
     check_resumed_mechanism(snapshot, then, tmp_path)  # the same mechanism: resumed
     check_resumed_mechanism({"params": dataclasses.asdict(now)}, now, tmp_path)
+
+
+class _Started(Exception):
+    """Raised where the run would spawn its actors: the plan it was given is recorded."""
+
+
+@pytest.mark.parametrize("change", ["grown", "rotated"])
+def test_a_resume_and_a_rerun_plan_the_normalise_round_the_run_journaled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """The normalise round is skipped when the owners' files hold too few records for its
+    noise (16 records against sigma 32 here; 208 clear 3 sigma). Owners' files may grow
+    between a run and its resume, or rotate (the count at the path falls): either way a resume
+    and a rerun of the unreleased start plan the round as the run journaled it, never from a
+    recount, so no charged round opens that the run skipped and no charged round is reported
+    skipped."""
+    config = _files_market(tmp_path)
+    text = config.read_text().replace("upper = 1.0\n", "upper = 1.0\nbound = 1.0\n")
+    config.write_text(text + "[privacy]\neps_normalise = 0.3\n")
+    owners = [tmp_path / "d" / f"owner-{i}.csv" for i in (1, 2)]
+    if change == "rotated":  # the run starts with 208 records: the round runs
+        for owner in owners:
+            owner.write_text(ROWS * 13)
+    plans: list[Any] = []
+
+    def drive(config: MarketConfig, inputs: Any, run_plan: Any, *args: Any) -> Any:
+        plans.append(run_plan)
+        raise _Started
+
+    monkeypatch.setattr(market_module, "connect", lambda address: {})
+    monkeypatch.setattr(market_module, "_drive", drive)
+    out = tmp_path / "out"
+    with pytest.raises(_Started):
+        market_module.run_market(load_market_config(config), out)
+    skipped = plans[0].normalise_skipped
+    assert (skipped is not None) == (change == "grown")
+    for owner in owners:
+        if change == "grown":  # 208 records now: a recount would run the round
+            with owner.open("a") as f:
+                f.write(ROWS * 12)
+        else:  # rotated: 8 records at each path, the read bytes in the sibling
+            os.rename(owner, owner.with_name(owner.name + ".1"))
+            owner.write_text(ROWS)
+    with pytest.raises(_Started):  # the same purchase's unreleased start, run again
+        market_module.run_market(load_market_config(config), out)
+    (out / ".journal" / "journal.json").write_text(json.dumps({"state": "new"}))
+    with pytest.raises(_Started):
+        market_module.resume_market(out)
+    assert [plan.normalise_skipped for plan in plans] == [skipped] * 3
+    assert plans[1].records == plans[2].records == plans[0].records

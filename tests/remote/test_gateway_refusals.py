@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,7 +17,7 @@ from dpmarket.actors.remote import tls
 from dpmarket.actors.remote.agent import Link, serve
 from dpmarket.actors.remote.channel import open_channel, stream
 from dpmarket.actors.remote.gateway import GATEWAY, Gateway
-from dpmarket.actors.remote.refused import OTHER, RefusalCounts
+from dpmarket.actors.remote.refused import MAX_KINDS, RefusalCounts, other_reason
 from dpmarket.actors.run.refusals import RefusalLines
 from dpmarket.protocol.agents.messages import EndBody, HelloBody
 from dpmarket.protocol.wire.codec import decode, encode
@@ -137,15 +138,88 @@ def test_a_flood_of_names_claimed_under_one_certificate_is_one_kind_and_one_line
 
 
 def test_the_kinds_kept_are_bounded_and_the_rest_counted_together() -> None:
-    """More distinct certificates than MAX_KINDS: the first kinds are kept, every later one is
-    counted under one entry; nothing is lost from the total."""
-    counts = RefusalCounts(max_kinds=4)
-    firsts = [counts.add("n", f"sha256:{i:02x}", "r", "d") for i in range(10)]
+    """More distinct undeclared certificates than the pool: the first kinds are kept, every
+    later one is counted per reason under one entry; nothing is lost from the total; a
+    declared certificate's kinds are kept apart even after the pool is full."""
+    counts = RefusalCounts(declared=["sha256:declared"], max_kinds=4)
+    firsts = [counts.add(None, f"sha256:{i:02x}", "r", "d") for i in range(10)]
     assert firsts == [True] * 4 + [True] + [False] * 5  # OTHER's first, then counted
+    assert counts.add(None, None, "s", "d")  # another reason past the pool: its own entry
+    assert counts.add("owner-9", "sha256:declared", "name claimed", "d")
     entries = counts.entries()
-    assert len(entries) == 5 and sum(e["count"] for e in entries) == 10
-    assert entries[-1]["reason"] == OTHER and entries[-1]["count"] == 6
-    assert entries[-1]["fingerprint"] is None and entries[-1]["claimed"] is None
+    assert len(entries) == 7 and sum(e["count"] for e in entries) == 12
+    pooled = next(e for e in entries if e["reason"] == other_reason("r"))
+    assert (pooled["count"], pooled["fingerprint"], pooled["claimed"]) == (6, None, None)
+    assert entries[-1]["fingerprint"] == "sha256:declared"
+
+
+def test_a_full_pool_of_undeclared_certificates_never_hides_a_declared_impersonation(
+    tmp_path: Path,
+) -> None:
+    """MAX_KINDS + 1 certificates the agents' CA signed but the market does not declare fill
+    the undeclared pool (the last is counted under OTHER, without its fingerprint); owner-2's
+    declared certificate claiming owner-1 afterwards is still its own kind, with owner-2's
+    fingerprint and the name it claimed."""
+    extra = [f"owner-{i}" for i in range(3, MAX_KINDS + 4)]
+    tls.write_party_certs(tmp_path, ["owner-1", "owner-2", *extra], [])
+    many = Certs(tmp_path, tmp_path)
+
+    async def body() -> None:
+        gw = _gateway(many, ("owner-1", "owner-2"))
+        port = await gw.start()
+        for name in extra:
+            code = await _say_nothing(_link(many, port, name, name))
+            assert code == grpc.StatusCode.UNAUTHENTICATED
+        call, channel = await _hello(_link(many, port, "x", "owner-2"), "owner-1")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call.read()
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        await channel.__aexit__(None, None, None)
+        entries = await gw.refusals()
+        pooled = [e for e in entries if e["reason"] == "certificate not declared"]
+        assert len(pooled) == MAX_KINDS
+        [other] = [e for e in entries if e["reason"] == other_reason("certificate not declared")]
+        assert (other["fingerprint"], other["count"]) == (None, 1)
+        [impostor] = [e for e in entries if e["reason"].startswith("name claimed")]
+        assert impostor["fingerprint"] == tls.fingerprint(many.read("owner-2.crt"))
+        assert (impostor["claimed"], impostor["count"]) == ("owner-1", 1)
+        await gw.finish("done")
+
+    _run(body)
+
+
+def test_a_party_that_keeps_dialling_in_grows_no_log(certs: Certs) -> None:
+    """owner-1's agent dials in 12 times (each stream ends the one before: a rejoin): the log
+    keeps its last ``log_kept`` entries and counts every join; report() says how many entries
+    it no longer holds."""
+
+    async def body() -> None:
+        declared = {"owner-1": ("owner", tls.fingerprint(certs.read("owner-1.crt")))}
+        gw = Gateway(
+            MARKET, "127.0.0.1:0", certs.read("market.crt"), certs.read("market.key"),
+            certs.read("ca.crt"), declared, log_kept=5,
+        )  # fmt: skip
+        port = await gw.start()
+        link = _link(certs, port, "owner-1", "owner-1")
+        previous, opened = await _hello(link, "owner-1", "agent-a")
+        channels = [opened]
+        assert (await gw.joined(30, ["owner-1"]))["owner-1"]
+        for _ in range(11):
+            call, opened = await _hello(link, "owner-1", "agent-a")
+            channels.append(opened)
+            assert await previous.read() is grpc.aio.EOF  # its successor was admitted
+            previous = call
+        assert len(gw.log) == 5 and {e["event"] for e in gw.log} == {"joined"}
+        report = await gw.report()
+        assert report["log"]["counts"] == {"owner-1": {"joined": 12}}
+        assert report["log"]["dropped"] == 7 and len(report["log"]["last"]) == 5
+        [rejoined] = await gw.refusals()
+        assert (rejoined["reason"], rejoined["count"]) == ("rejoined", 11)
+        await gw.finish("done")
+        for channel in channels:
+            await channel.__aexit__(None, None, None)
+
+    _run(body)
 
 
 def test_a_second_stream_with_a_partys_certificate_replaces_the_first_and_its_agent_is_told(
