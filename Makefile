@@ -51,10 +51,10 @@ lint: $(STAMP)
 
 # mypy --strict over the packages as installed names (dpmarket, dpmarket.protocol, ...): a
 # tree of symlinks gives mypy the layout the editable install maps at run time (the top-level
-# API's files, dpmarket/, beside the three folders mapped into it).
+# API's files, api/, beside the three folders mapped into it).
 typecheck: $(STAMP)
 	rm -rf .typecheck && mkdir -p .typecheck/dpmarket
-	ln -s ../../dpmarket/__init__.py ../../dpmarket/api.py ../../dpmarket/py.typed .typecheck/dpmarket/
+	ln -s ../../api/__init__.py ../../api/api.py ../../api/py.typed .typecheck/dpmarket/
 	ln -s ../../protocol .typecheck/dpmarket/protocol
 	ln -s ../../streams .typecheck/dpmarket/streams
 	ln -s ../../actors .typecheck/dpmarket/actors

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("dpmarket", "protocol", "streams", "actors")
+PACKAGES = ("api", "protocol", "streams", "actors")
 
 
 def listed_modules(text: str) -> set[str]:

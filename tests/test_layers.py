@@ -73,7 +73,8 @@ NUMPY_RANDOM_ALLOWED = frozenset(
 
 def package_of(relpath: str) -> list[str]:
     """The installed dotted package of a file, e.g. protocol/x.py -> [dpmarket, protocol]."""
-    return ["dpmarket", *relpath.split("/")[:-1]]
+    folders = relpath.split("/")[:-1]
+    return ["dpmarket", *(folders[1:] if folders[:1] == ["api"] else folders)]  # api/: dpmarket
 
 
 @dataclass
@@ -462,8 +463,9 @@ def test_the_architecture_document_states_the_same_room_rules() -> None:
     assert stated == ACTORS_DEPENDENCIES
 
 
-# The Python API (dpmarket/, issue 40) sits above every room and below the commands: only
-# actors/commands/ may call it, and it never imports a command (the CLI prints what it returns).
+# The Python API (api/, installed as the dpmarket package itself, issue 40) sits above every
+# room and below the commands: only actors/commands/ may call it, and it never imports a
+# command (the CLI prints what it returns).
 def api_imports(source: str) -> list[tuple[int, str]]:
     """Every module a source imports that is the top-level package or its API, or a command."""
     found = []
@@ -488,7 +490,7 @@ def api_violations(sources: dict[str, str]) -> list[str]:
     for relpath, source in sources.items():
         for line, name in api_imports(source):
             commands = name.startswith("dpmarket.actors.commands")
-            if relpath.startswith("dpmarket/") and commands:
+            if relpath.startswith("api/") and commands:
                 out.append(f"{relpath}:{line}: the API imports a command, {name}")
             top = not commands
             if top and relpath.startswith("actors/") and not relpath.startswith("actors/commands/"):
@@ -499,28 +501,28 @@ def api_violations(sources: dict[str, str]) -> list[str]:
 def test_the_api_is_called_only_by_the_commands_and_imports_none() -> None:
     sources = actors_sources() | {
         p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
-        for p in sorted((ROOT / "dpmarket").glob("*.py"))
+        for p in sorted((ROOT / "api").glob("*.py"))
     }
-    assert "dpmarket/api.py" in sources
+    assert "api/api.py" in sources
     found = api_violations(sources)
     assert not found, "\n".join(found)
     bad = {
-        "dpmarket/api.py": "from dpmarket.actors.commands.market import print_report\n",
+        "api/api.py": "from dpmarket.actors.commands.market import print_report\n",
         "actors/run/x.py": "import dpmarket.api as api\n",
         "actors/commands/x.py": "def f():\n    import dpmarket.api as api\n",
         "actors/studies/x.py": "from dpmarket import simulate\n",
         "actors/cluster/x.py": "import dpmarket\nfrom dpmarket import protocol\n",  # allowed
     }
     assert {v.split(":")[0] for v in api_violations(bad)} == {
-        "dpmarket/api.py",
+        "api/api.py",
         "actors/run/x.py",
         "actors/studies/x.py",
     }
 
 
 def test_importing_a_subpackage_loads_no_api_and_no_ray() -> None:
-    """``dpmarket/__init__.py`` loads its names on first use: the sans-I/O core and an agent's
-    modules import without the runtime behind the API."""
+    """``api/__init__.py`` (the ``dpmarket`` package) loads its names on first use: the
+    sans-I/O core and an agent's modules import without the runtime behind the API."""
     import subprocess
     import sys
 

@@ -67,10 +67,10 @@ def _optional(tree: ast.AST) -> set[int]:
 
 
 def _imported_modules() -> set[str]:
-    """Top-level names of every module imported anywhere in dpmarket/ (the Python API),
-    protocol/, streams/, actors/ (except optional ones, :func:`_optional`)."""
+    """Top-level names of every module imported anywhere in api/ (the Python API, the
+    dpmarket package), protocol/, streams/, actors/ (except optional ones, :func:`_optional`)."""
     found: set[str] = set()
-    for package in ("dpmarket", "protocol", "streams", "actors"):
+    for package in ("api", "protocol", "streams", "actors"):
         for path in (ROOT / package).rglob("*.py"):
             tree = ast.parse(path.read_text(encoding="utf-8"))
             optional = _optional(tree)

@@ -1,7 +1,9 @@
 """The code shipped with a job: a ``dpmarket`` package for Ray's runtime_env, and its identity.
 
-The checkout has no ``dpmarket/`` folder (setuptools maps ``protocol/``, ``streams/`` and
-``actors/`` to ``dpmarket.*``), so Ray's ``working_dir`` cannot carry the code. Instead the
+The checkout has no ``dpmarket/`` folder (setuptools maps ``api/`` to ``dpmarket`` and
+``protocol/``, ``streams/`` and ``actors/`` to ``dpmarket.*``), so Ray's ``working_dir`` cannot
+carry the code, and a worker whose path holds the checkout (Ray puts the driver's directory
+there) finds no ``dpmarket`` in it to shadow the shipped one. Instead the
 driver assembles a ``dpmarket`` package directory from the very modules it imported (the three
 subpackages' ``.py`` files and an ``__init__.py`` that records the version) and passes it as
 ``runtime_env={"py_modules": [dir]}``: Ray uploads it once and puts it on every worker's path,

@@ -38,8 +38,8 @@ def print_plan(plan: RunPlan) -> None:
 
 
 def _market(args: argparse.Namespace) -> int:
-    """run / simulate / validate / resume: the Python API's functions (dpmarket/api.py), their
-    results printed."""
+    """run / simulate / validate / resume: the Python API's functions (api/api.py, the package
+    dpmarket), their results printed."""
     import dpmarket.api as api
     from dpmarket.actors.run.market import resume_market
 

@@ -46,7 +46,8 @@ def _ray_line(info: dict[str, Any]) -> None:
 
 
 def run_study_command(args: argparse.Namespace) -> int:
-    """``simulate STUDY``: the Python API's ``simulate`` (dpmarket/api.py), its cells printed."""
+    """``simulate STUDY``: the Python API's ``simulate`` (api/api.py, the package dpmarket),
+    its cells printed."""
     import dpmarket.api as api
     from dpmarket.actors.config.market import ConfigError
     from dpmarket.actors.studies.run import RESULTS_FILE

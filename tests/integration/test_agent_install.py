@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.venv]
 
 RUN = 900.0  # seconds a market run may take on 2 loaded cores (generous; never asserted)
 INSTALL = 1200.0  # seconds for pip to build and install the agent's install (never asserted)
-SOURCES = ("pyproject.toml", "README.md", "protocol", "streams", "actors")
+SOURCES = ("pyproject.toml", "README.md", "api", "protocol", "streams", "actors")
 MARKET_RUNTIME = {"ray", "scikit-learn", "matplotlib", "pyarrow", "numba", "llvmlite"}
 
 
