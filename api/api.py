@@ -196,12 +196,15 @@ def run_market(
         seen.append(plan)
         check_plan(strict, echo)(plan)
 
+    # OUT resolved once, before the run: a job's working directory (where a relative OUT and
+    # the stores' checks are resolved) may be gone by the time the run returns
+    where = _out_of(loaded, out)
     buy = run_requests if loaded.requests else run_one
     outcome = buy(
         loaded, Path(out) if out is not None else None, address,
         before_start=before_start, connected=connected,
     )  # fmt: skip
-    return _result(outcome, _out_of(loaded, out), seen[0] if seen else None)
+    return _result(outcome, where, seen[0] if seen else None)
 
 
 def _out_of(config: MarketConfig, out: str | Path | None) -> Path:

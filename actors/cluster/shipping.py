@@ -60,6 +60,16 @@ def _roots() -> dict[str, Path]:
     return {name: Path(str(m.__file__)).parent for name, m in modules.items()}
 
 
+def _top() -> list[Path]:
+    """The files of the ``dpmarket`` package itself, beside its subpackages: the Python API
+    (``api/`` in a checkout; ``__init__.py``, ``api.py``, ``py.typed``), which the command line
+    calls, so a job's driver needs it too."""
+    import dpmarket
+
+    top = Path(str(dpmarket.__file__)).parent
+    return sorted(p for p in top.iterdir() if p.is_file() and p.suffix in (".py", ".typed"))
+
+
 def _sources(root: Path) -> list[Path]:
     return sorted(
         p for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".typed")
@@ -88,6 +98,10 @@ def code_identity() -> dict[str, str]:
         for path in _sources(root):
             digest.update(f"{name}/{path.relative_to(root).as_posix()}\0".encode())
             digest.update(path.read_bytes())
+    for path in _top():  # the API; not __init__.py, which the shipped copy extends
+        if path.name != "__init__.py":
+            digest.update(f"{path.name}\0".encode())
+            digest.update(path.read_bytes())
     return {
         "version": _version(),
         "fingerprint": digest.hexdigest(),
@@ -107,8 +121,13 @@ def build_package(target: Path | None = None) -> Path:
             dest = package / name / path.relative_to(source)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest)
-    (package / "__init__.py").write_text(
-        '"""dpmarket, shipped with a Ray job (actors/cluster/shipping.py)."""\n\n'
+    package.mkdir(parents=True, exist_ok=True)
+    for path in _top():  # the API, and the package's own __init__.py
+        shutil.copyfile(path, package / path.name)
+    init = package / "__init__.py"
+    own = init.read_text(encoding="utf-8") if init.exists() else ""
+    init.write_text(
+        f"{own}\n# shipped with a Ray job (actors/cluster/shipping.py)\n"
         f"__version__ = {_version()!r}\n",
         encoding="utf-8",
     )

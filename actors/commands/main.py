@@ -6,14 +6,17 @@ command this install cannot run (an agent's install, ``pip install dpmarket``, r
 ``certs``, ``account``, ``budget``, ``sketch``, ``audit`` and ``regress``; a market's commands
 need ``pip install 'dpmarket[market]'``, and the message says so); 3 refused by T-tolerance
 (more owners lost or colluding than T; resume when they are back); 1 or other non-zero:
-internal error.
+internal error. ``DPMARKET_TRACEBACK=1`` in the environment adds the traceback to the one-line
+message of exit 2 (for a job on a cluster, where the message is all the operator sees).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
@@ -83,6 +86,11 @@ def _needs_market(command: str, missing: list[str]) -> int:
     return 2
 
 
+def _traceback() -> None:
+    if os.environ.get("DPMARKET_TRACEBACK", "") not in ("", "0"):
+        traceback.print_exc(file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -95,9 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return _needs_market(args.command, [str(exc.name)])
     except ConfigError as exc:
+        _traceback()
         print(f"dpmarket: configuration error: {exc}", file=sys.stderr)
         return 2
     except (OSError, ValueError) as exc:
+        _traceback()
         print(f"dpmarket: bad input: {exc}", file=sys.stderr)
         return 2
 

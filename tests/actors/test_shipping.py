@@ -23,9 +23,11 @@ def test_the_built_package_imports_as_dpmarket_with_the_drivers_identity(tmp_pat
     assert package == tmp_path / "ship" / "dpmarket"
     assert (package / "actors" / "cluster" / "shipping.py").is_file()
     assert not list(package.rglob("__pycache__"))
+    assert (package / "api.py").is_file()  # the API, which the command line calls
     probe = (
-        "import json; from dpmarket.actors.cluster.shipping import code_identity as c; "
-        "print(json.dumps(c()))"
+        "import json, dpmarket.api as api; "
+        "from dpmarket.actors.cluster.shipping import code_identity as c; "
+        "print(json.dumps(c() | {'api': api.__file__}))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True,
@@ -33,6 +35,7 @@ def test_the_built_package_imports_as_dpmarket_with_the_drivers_identity(tmp_pat
     )  # fmt: skip
     shipped, mine = json.loads(done.stdout), code_identity()
     assert shipped["path"] == str(package)  # imported from the package, not the install
+    assert shipped.pop("api") == str(package / "api.py")
     assert shipped["fingerprint"] == mine["fingerprint"]
     assert shipped["version"] == mine["version"]
 
