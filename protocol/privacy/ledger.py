@@ -245,7 +245,7 @@ class MechanismEvent:
 
 
 _EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(MechanismEvent))
-"""MechanismEvent's fields, in order (its ``to_dict``: every field is a scalar but ``parameters``)."""
+"""MechanismEvent's fields in order (its ``to_dict``: each a scalar but ``parameters``)."""
 
 
 class PrivacyLedger:

@@ -27,7 +27,9 @@ opened,
 their released values and the finished phases' summary; DP outputs, curator-private like the
 rest of the snapshot). This module stores it as given (:func:`secure_record` reads it back);
 version 1 and 2 journals restore with an empty record (they were written after the secure
-phases, whose charges their ledgers hold).
+phases, whose charges their ledgers hold). The bid and delivery counts per (owner, token), which
+grow with owners x epochs, are written as three columns (``owner``, ``token``, ``count``);
+journals that wrote them as ``[owner, token, count]`` rows still restore.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def _counts(counts: dict[tuple[str, int], int]) -> dict[str, list[Any]]:
     """A count per (owner, token) as three columns, in the curator's order. These mappings grow
     with owners x epochs and a checkpoint comes twice an epoch: columns are built and encoded
     without a list per entry (journals before this wrote ``[owner, token, count]`` rows)."""
-    owners, tokens = zip(*counts) if counts else ((), ())
+    owners, tokens = zip(*counts, strict=True) if counts else ((), ())
     return {"owner": list(owners), "token": list(tokens), "count": list(counts.values())}
 
 

@@ -113,7 +113,8 @@ def test_count_rows_of_older_journals_restore(scenario: Scenario) -> None:
     old = dict(snap)
     for key in ("times_bid", "deliveries"):
         cols = snap[key]
-        old[key] = sorted([o, t, n] for o, t, n in zip(cols["owner"], cols["token"], cols["count"]))
+        rows = zip(cols["owner"], cols["token"], cols["count"], strict=True)
+        old[key] = sorted([o, t, n] for o, t, n in rows)
     restored = restore_curator(
         old, scenario.validation, scenario.seed_set, rng=np.random.default_rng(0)
     )
