@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from dpmarket.actors.parties.faults import FaultPlan
-from dpmarket.protocol.wire.codec import Message, ReplayGuard, decode, encode
+from dpmarket.protocol.wire.codec import Message, ReplayGuard, decode, encode, encode_all
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 from dpmarket.protocol.wire.parties import Party
 
@@ -276,6 +276,7 @@ class RayTransport:
         import ray
 
         by_actor: dict[Any, dict[str, list[bytes]]] = {}
+        sending: list[tuple[Message, Any]] = []
         for msg in outbox:
             if self.faults.drop is not None and self.faults.drop(msg):
                 continue
@@ -286,7 +287,10 @@ class RayTransport:
             if self.faults.is_dead(msg.recipient, msg.round) and msg.recipient not in self.dead:
                 ray.kill(handle, no_restart=True)  # with every owner the process hosts
                 self.dead.update(self.hosted[handle])
-            frame = encode(msg)
+            sending.append((msg, handle))
+        # a broadcast's body (the epoch's g_l to every owner) is converted once, not per owner
+        frames = encode_all([msg for msg, _ in sending])
+        for (msg, handle), frame in zip(sending, frames, strict=True):
             self.frames_sent += 1
             self.bytes_sent += len(frame)
             by_actor.setdefault(handle, {}).setdefault(msg.recipient, []).append(frame)

@@ -225,8 +225,10 @@ class MechanismEvent:
         return single if self.count == 1 else single.self_compose(self.count)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe description (parameters as a name -> value mapping)."""
-        out = dataclasses.asdict(self)
+        """JSON-safe description (parameters as a name -> value mapping). Built field by field:
+        ``dataclasses.asdict`` deep-copies recursively, and a curator's journal checkpoint turns
+        every owner's ledger into a dict twice an epoch."""
+        out = {name: getattr(self, name) for name in _EVENT_FIELDS}
         out["parameters"] = dict(self.parameters)
         return out
 
@@ -240,6 +242,10 @@ class MechanismEvent:
         fields = dict(data)
         fields["parameters"] = tuple(dict(fields.get("parameters", {})).items())
         return cls(**fields)
+
+
+_EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(MechanismEvent))
+"""MechanismEvent's fields in order (its ``to_dict``: each a scalar but ``parameters``)."""
 
 
 class PrivacyLedger:

@@ -27,7 +27,9 @@ opened,
 their released values and the finished phases' summary; DP outputs, curator-private like the
 rest of the snapshot). This module stores it as given (:func:`secure_record` reads it back);
 version 1 and 2 journals restore with an empty record (they were written after the secure
-phases, whose charges their ledgers hold).
+phases, whose charges their ledgers hold). The bid and delivery counts per (owner, token), which
+grow with owners x epochs, are written as three columns (``owner``, ``token``, ``count``);
+journals that wrote them as ``[owner, token, count]`` rows still restore.
 """
 
 from __future__ import annotations
@@ -81,6 +83,27 @@ def _need(d: dict[str, Any] | None) -> npt.NDArray[Any]:
     if out is None:
         raise ValueError("journal: a required array is missing")
     return out
+
+
+def _counts(counts: dict[tuple[str, int], int]) -> dict[str, list[Any]]:
+    """A count per (owner, token) as three columns, in the curator's order. These mappings grow
+    with owners x epochs and a checkpoint comes twice an epoch: columns are built and encoded
+    without a list per entry (journals before this wrote ``[owner, token, count]`` rows)."""
+    owners, tokens = zip(*counts, strict=True) if counts else ((), ())
+    return {"owner": list(owners), "token": list(tokens), "count": list(counts.values())}
+
+
+def _uncounts(saved: dict[str, list[Any]] | list[list[Any]]) -> dict[tuple[str, int], int]:
+    """Inverse of :func:`_counts`; also reads the ``[owner, token, count]`` rows of older
+    journals."""
+    if isinstance(saved, dict):
+        columns = saved["owner"], saved["token"], saved["count"]
+        if len({len(col) for col in columns}) != 1:
+            raise ValueError("journal: count columns of different lengths")
+        rows: Any = zip(*columns, strict=True)
+    else:
+        rows = saved
+    return {(str(o), int(t)): int(n) for o, t, n in rows}
 
 
 def _epoch_state(ep: _Epoch) -> dict[str, Any]:
@@ -147,8 +170,8 @@ def snapshot_curator(
         "members": sorted([o, t] for o, t in c._members),
         "provenance": [dataclasses.asdict(p) for p in c.provenance],
         "pool": {"count": len(c.pool), **({"rows": pool_rows(c)} if pool_inline else {})},
-        "times_bid": [[o, t, n] for (o, t), n in sorted(c._times_bid.items())],
-        "deliveries": [[o, t, n] for (o, t), n in sorted(c.transfers.deliveries.items())],
+        "times_bid": _counts(c._times_bid),
+        "deliveries": _counts(c.transfers.deliveries),
         "value": dict(c.value),
         "dropped": [list(x) for x in c.dropped],
         "rejected": [list(x) for x in c.rejected],
@@ -248,8 +271,8 @@ def restore_curator(
     c._members = {(o, int(t)) for o, t in snapshot["members"]}
     c.provenance = [Provenance(**p) for p in snapshot["provenance"]]
     c.pool = _restore_pool(c, snapshot.get("pool"), rows)
-    c._times_bid = {(o, int(t)): int(n) for o, t, n in snapshot["times_bid"]}
-    c.transfers = TransferCounter({(o, int(t)): int(n) for o, t, n in snapshot["deliveries"]})
+    c._times_bid = _uncounts(snapshot["times_bid"])
+    c.transfers = TransferCounter(_uncounts(snapshot["deliveries"]))
     c.value = {k: float(v) for k, v in snapshot["value"].items()}
     c.dropped = [(int(e), o, ph) for e, o, ph in snapshot["dropped"]]
     c.rejected = [(int(e), o, why) for e, o, why in snapshot["rejected"]]

@@ -46,7 +46,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, Union
 
@@ -90,6 +90,7 @@ __all__ = [
     "body_kinds",
     "decode",
     "encode",
+    "encode_all",
     "register",
 ]
 
@@ -217,12 +218,35 @@ def encode(msg: Message) -> bytes:
     """
     if not isinstance(msg, Message):
         raise LocalProtocolError(f"msg: expected a Message, got {type(msg).__name__}")
-    _check_body(msg.body, LocalProtocolError, _ARRAYS[type(msg.body)])
-    body = {
+    return _frame(msg, _wire_body(msg.body))
+
+
+def encode_all(messages: Sequence[Message]) -> list[bytes]:
+    """:func:`encode` of each message, a body shared by several (a broadcast) checked and
+    converted once: nothing runs between the frames of one call that could change its arrays."""
+    bodies: dict[int, dict[str, object]] = {}
+    out = []
+    for msg in messages:
+        if not isinstance(msg, Message):
+            raise LocalProtocolError(f"msg: expected a Message, got {type(msg).__name__}")
+        body = bodies.get(id(msg.body))
+        if body is None:
+            body = bodies[id(msg.body)] = _wire_body(msg.body)
+        out.append(_frame(msg, body))
+    return out
+
+
+def _wire_body(body: Body) -> dict[str, object]:
+    """The body's fields as the wire holds them, its arrays checked again first."""
+    _check_body(body, LocalProtocolError, _ARRAYS[type(body)])
+    return {
         f.name: _to_wire(value)
-        for f in _FIELDS[type(msg.body)]
-        if not _at_default(f.spec, value := getattr(msg.body, f.name))
+        for f in _FIELDS[type(body)]
+        if not _at_default(f.spec, value := getattr(body, f.name))
     }
+
+
+def _frame(msg: Message, body: dict[str, object]) -> bytes:
     frame = {
         "v": PROTOCOL_VERSION,
         "kind": msg.kind,

@@ -103,6 +103,28 @@ def test_snapshot_round_trip_is_exact(scenario: Scenario) -> None:
     assert again == snap
 
 
+def test_count_rows_of_older_journals_restore(scenario: Scenario) -> None:
+    """The bid and delivery counts, now journaled as columns, also restore from the
+    ``[owner, token, count]`` rows earlier journals wrote; unequal columns are refused."""
+    curator = small_curator(RUN, scenario, _params(scenario, p=4), 4)
+    _run(curator, _owners(scenario), None, curator.start())
+    snap = json.loads(json.dumps(snapshot_curator(curator)))
+    assert curator._times_bid and curator.transfers.deliveries  # the run bid and delivered
+    old = dict(snap)
+    for key in ("times_bid", "deliveries"):
+        cols = snap[key]
+        rows = zip(cols["owner"], cols["token"], cols["count"], strict=True)
+        old[key] = sorted([o, t, n] for o, t, n in rows)
+    restored = restore_curator(
+        old, scenario.validation, scenario.seed_set, rng=np.random.default_rng(0)
+    )
+    assert restored._times_bid == curator._times_bid
+    assert restored.transfers.deliveries == curator.transfers.deliveries
+    torn = dict(snap, deliveries=dict(snap["deliveries"], count=snap["deliveries"]["count"][:-1]))
+    with pytest.raises(ValueError, match="count columns"):
+        restore_curator(torn, scenario.validation, scenario.seed_set, rng=np.random.default_rng(0))
+
+
 def test_resume_refuses_a_finished_run(scenario: Scenario) -> None:
     curator = small_curator(RUN, scenario, _params(scenario, p=2), 3)
     _run(curator, _owners(scenario), None, curator.start())

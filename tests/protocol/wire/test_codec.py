@@ -44,6 +44,7 @@ from dpmarket.protocol.wire.codec import (
     body_kinds,
     decode,
     encode,
+    encode_all,
     register,
 )
 from dpmarket.protocol.wire.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
@@ -627,6 +628,24 @@ def test_encode_rechecks_mutated_arrays() -> None:
     arr[1] = np.inf  # the body keeps the caller's array; encode must notice
     with pytest.raises(LocalProtocolError, match=r"g_validation: contains NaN"):
         encode(msg)
+
+
+def test_encode_all_equals_encode_for_shared_and_distinct_bodies() -> None:
+    shared = summary_messages.ValidationBody(g_validation=np.arange(3.0))
+    msgs = [make(shared, seq=i, sender=f"owner-{i}") for i in range(3)]
+    msgs.insert(1, make(EXAMPLES[0], seq=9))
+    assert encode_all(msgs) == [encode(m) for m in msgs]
+    assert encode_all([]) == []
+
+
+def test_encode_all_rechecks_mutated_arrays_and_refuses_non_messages() -> None:
+    arr = np.zeros(3)
+    msg = make(summary_messages.ValidationBody(g_validation=arr))
+    arr[0] = np.nan
+    with pytest.raises(LocalProtocolError, match=r"g_validation: contains NaN"):
+        encode_all([msg, msg])
+    with pytest.raises(LocalProtocolError, match="expected a Message"):
+        encode_all([msg.body])  # type: ignore[list-item]
 
 
 def test_int_is_widened_to_float() -> None:
