@@ -3,10 +3,12 @@
 Runs the targets of ``make test`` one after another (or any targets named with ``--targets``),
 each in its own cpuacct cgroup when this machine lets a process create one (cgroup v1 at
 /sys/fs/cgroup/cpuacct, as root), so the CPU seconds of every process a part starts are counted
-(Ray's raylets and workers included, even those that outlive their parent); without the cgroup
-the CPU column is empty. The CPU seconds say how much work a part is, whatever else the machine
-runs; the wall clock is what a user waits, and is only the target's on an otherwise idle machine
-(the load average at the start and end of each part is printed beside it).
+(Ray's raylets and workers included, even those that outlive their parent), and in a memory
+cgroup its peak (every process of the part together, page cache included: an upper bound of
+any one pytest process's resident memory); without the cgroups those columns are empty.
+The CPU seconds say how much work a part is, whatever else the machine runs; the wall clock
+is what a user waits, and is only the target's on an otherwise idle machine (the load average
+at the start and end of each part is printed beside it).
 
     .venv/bin/python benchmarks/suite_time.py                 # lint typecheck unit-fast unit-ray
     .venv/bin/python benchmarks/suite_time.py --targets test  # make test as one command
@@ -14,7 +16,8 @@ runs; the wall clock is what a user waits, and is only the target's on an otherw
 
 Each part's output is kept in ``--logs`` (default a temporary directory); the slowest tests
 pytest printed (``--durations``) are collected into one table. The last line is one JSON object:
-``{"parts": {target: {"wall_s", "cpu_s", "load_start", "load_end", "status"}}, "total_wall_s",
+``{"parts": {target: {"wall_s", "cpu_s", "peak_gib", "load_start", "load_end", "status"}},
+"total_wall_s",
 "total_cpu_s", "slowest": [[seconds, phase, test], ...]}``.
 """
 
@@ -34,13 +37,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+MEMORY = Path("/sys/fs/cgroup/memory")
 DURATION = re.compile(r"^\s*([0-9.]+)s (call|setup|teardown)\s+(\S+)")
 
 
 @contextlib.contextmanager
-def cpu_group(name: str) -> Iterator[Path | None]:
-    """A fresh cpuacct cgroup (removed afterwards), or None where none can be made."""
-    group = CPUACCT / f"dpmarket-suite-{name}-{os.getpid()}"
+def cpu_group(name: str, hierarchy: Path = CPUACCT) -> Iterator[Path | None]:
+    """A fresh cgroup of ``hierarchy`` (removed afterwards), or None where none can be made."""
+    group = hierarchy / f"dpmarket-suite-{name}-{os.getpid()}"
     try:
         group.mkdir()
     except OSError:
@@ -60,9 +64,13 @@ def cpu_group(name: str) -> Iterator[Path | None]:
 def run_part(target: str, logs: Path) -> dict[str, object]:
     log = logs / f"{target}.log"
     load_start = os.getloadavg()[0]
-    with cpu_group(target) as group, log.open("wb") as out:
-        # the child joins the group before it execs make: everything it starts is counted
-        join = f"echo $$ > {group / 'cgroup.procs'} && " if group else ""
+    with (
+        cpu_group(target) as group,
+        cpu_group(target, MEMORY) as memory,
+        log.open("wb") as out,
+    ):
+        # the child joins the groups before it execs make: everything it starts is counted
+        join = "".join(f"echo $$ > {g / 'cgroup.procs'} && " for g in (group, memory) if g)
         start = time.monotonic()
         status = subprocess.call(
             ["sh", "-c", f"{join}exec make {target}"],
@@ -72,9 +80,13 @@ def run_part(target: str, logs: Path) -> dict[str, object]:
         )
         wall = time.monotonic() - start
         cpu = int((group / "cpuacct.usage").read_text()) / 1e9 if group else None
+        # every process of the part together at its peak, page cache included: an upper bound
+        # of any one pytest process's resident memory
+        peak = int((memory / "memory.max_usage_in_bytes").read_text()) / 2**30 if memory else None
     return {
         "wall_s": round(wall, 1),
         "cpu_s": None if cpu is None else round(cpu, 1),
+        "peak_gib": None if peak is None else round(peak, 2),
         "load_start": round(load_start, 2),
         "load_end": round(os.getloadavg()[0], 2),
         "status": status,
@@ -109,14 +121,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {target}: {parts[target]['wall_s']} s", file=sys.stderr, flush=True)
 
     print(
-        f"{'part':<12} {'status':>6} {'wall s':>8} {'CPU s':>8} {'CPU/wall':>8}  load start -> end"
+        f"{'part':<12} {'status':>6} {'wall s':>8} {'CPU s':>8} {'CPU/wall':>8} {'peak GiB':>8}"
+        "  load start -> end"
     )
     for target, part in parts.items():
         cpu, wall = part["cpu_s"], float(part["wall_s"])  # type: ignore[arg-type]
         ratio = f"{float(cpu) / wall:.2f}" if cpu is not None and wall > 0 else "-"  # type: ignore[arg-type]
         print(
             f"{target:<12} {part['status']:>6} {wall:>8.1f} {cpu if cpu is not None else '-':>8} "
-            f"{ratio:>8}  {part['load_start']} -> {part['load_end']}"
+            f"{ratio:>8} {part['peak_gib'] if part['peak_gib'] is not None else '-':>8}"
+            f"  {part['load_start']} -> {part['load_end']}"
         )
     total_wall = round(sum(float(p["wall_s"]) for p in parts.values()), 1)  # type: ignore[arg-type]
     cpus = [p["cpu_s"] for p in parts.values()]
