@@ -34,10 +34,13 @@ check: $(STAMP) lint typecheck unit-fast
 JOBS ?= 2
 PYTEST := $(BIN)/python -m pytest -q --durations=25 -n $(JOBS) --dist loadfile
 
-# two processes: the Ray tests (local Ray instances, market runs) and the rest; one process
-# for all of them grew past the machine's memory (what Ray and the runs leave behind in the
-# pytest process accumulated under the later tests)
-unit: unit-fast unit-ray
+# two pytest runs at the same time: the Ray tests (local Ray instances, market runs, which
+# wait on processes and deadlines as much as they compute) and the rest (CPU-bound), so each
+# fills the other's idle time; one process for all of them grew past the machine's memory
+# (what Ray and the runs leave behind in the pytest process accumulated under the later
+# tests). Their output is interleaved by whole lines; each prints its own summary.
+unit: $(STAMP)
+	$(MAKE) --no-print-directory -j2 --output-sync=line unit-fast unit-ray
 
 unit-fast: $(STAMP)
 	$(PYTEST) -m "not ray"

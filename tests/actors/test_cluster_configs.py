@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,20 @@ def test_every_site_has_its_custom_resource() -> None:
     _, local = _text_and_config("cluster-local.yaml")
     assert "site_a" in str(local["head_start_ray_commands"])
     assert "site_b" in str(local["worker_start_ray_commands"])
+
+
+def test_the_aws_start_commands_are_the_local_ones_with_resources_from_the_node_types() -> None:
+    """tests/integration/test_cluster_yaml_start.py runs cluster-local.yaml's start commands as
+    written (a token cluster that runs a placed market). cluster-aws.yaml's are the same
+    commands, but for the sites' resources, which its node types give (Ray's autoscaler sets
+    RAY_OVERRIDE_RESOURCES from them) instead of ``--resources``: so the live test of the local
+    file covers them, and this test keeps the two from drifting apart."""
+    _, local = _text_and_config("cluster-local.yaml")
+    _, aws = _text_and_config("cluster-aws.yaml")
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        without = [re.sub(r" --resources='[^']*'", "", str(c)) for c in local[key]]  # type: ignore[union-attr]
+        assert [str(c) for c in aws[key]] == without, key  # type: ignore[union-attr]
+        assert "--resources" not in " ".join(str(c) for c in aws[key])  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("name", ["cluster-local.yaml", "cluster-aws.yaml"])
