@@ -38,8 +38,10 @@ PYTEST := $(BIN)/python -m pytest -q --durations=25 -n $(JOBS) --dist loadfile
 # wait on processes and deadlines as much as they compute) and the rest (CPU-bound), so each
 # fills the other's idle time; one process for all of them grew past the machine's memory
 # (what Ray and the runs leave behind in the pytest process accumulated under the later
-# tests). Their output is interleaved by whole lines; each prints its own summary.
+# tests). Their output is interleaved by whole lines; each prints its own summary. The sketch
+# kernels are compiled first, once (numba's cache), not by each owner process of both parts.
 unit: $(STAMP)
+	$(BIN)/python -c "from dpmarket.actors.parties.owner import warm_kernels; warm_kernels()"
 	$(MAKE) --no-print-directory -j2 --output-sync=line unit-fast unit-ray
 
 unit-fast: $(STAMP)

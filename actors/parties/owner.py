@@ -42,7 +42,7 @@ from dpmarket.streams.race.sketch import RaceSketch
 from dpmarket.streams.records.files import CsvDecoder, Schema
 from dpmarket.streams.records.tail import FileTailer, TailBatch
 
-__all__ = ["OwnerHost", "handle_frames"]
+__all__ = ["OwnerHost", "handle_frames", "warm_kernels"]
 
 
 def handle_frames(
@@ -58,6 +58,15 @@ def handle_frames(
         except RemoteProtocolError as exc:
             errors.append(str(exc))
     return replies, errors
+
+
+def warm_kernels() -> None:
+    """Run the sketch kernels an owner uses once (numba compiles them, or loads them from its
+    cache: the first process on a machine writes it). ``make test`` calls this before its
+    parallel parts, so their owner processes load the kernels instead of each compiling them."""
+    sketch = RaceSketch(make_family("l2", 2, 2, 0, bandwidth=1.0), 4)
+    sketch.update(np.zeros((1, 2), dtype=np.float32))
+    sketch.query(np.zeros((1, 2), dtype=np.float32))
 
 
 @dataclass
@@ -257,9 +266,7 @@ class OwnerHost:
         """Compile the sketch kernels now (numba; cached on disk after the first process), so
         the first secure-sum round is not delayed past its deadline; returns seconds spent."""
         start = time.perf_counter()
-        sketch = RaceSketch(make_family("l2", 2, 2, 0, bandwidth=1.0), 4)
-        sketch.update(np.zeros((1, 2), dtype=np.float32))
-        sketch.query(np.zeros((1, 2), dtype=np.float32))
+        warm_kernels()
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------ secure-sum client
