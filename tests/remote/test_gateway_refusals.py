@@ -76,7 +76,10 @@ def test_an_undeclared_certificate_is_refused_on_its_certificate_before_any_hell
         assert (await gw.invoke("owner-1", "status", ()))["state"] == "idle"
         [entry] = await gw.refusals()
         assert entry["claimed"] is None and entry["fingerprint"] == fp
-        assert entry["reason"] == "certificate not declared" and entry["count"] == 4
+        # >= 4, not == 4: under load gRPC can end a refused stream as INTERNAL ("Internal error
+        # from Core") rather than UNAUTHENTICATED, and the agent then retries; each retry is one
+        # more refused connection under the same certificate, counted in the same entry.
+        assert entry["reason"] == "certificate not declared" and entry["count"] >= 4
         lines = RefusalLines(every=10.0)
         [said] = lines.add([entry], now=0.0)
         assert fp in said and "no name read" in said
