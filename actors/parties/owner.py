@@ -37,6 +37,7 @@ from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
+from dpmarket.streams.race.kernels import numba_installed, would_use_numba
 from dpmarket.streams.race.lsh import make_family
 from dpmarket.streams.race.sketch import RaceSketch
 from dpmarket.streams.records.files import CsvDecoder, Schema
@@ -64,7 +65,9 @@ def warm_kernels() -> None:
     """Run the sketch kernels an owner uses once (numba compiles them, or loads them from its
     cache: the first process on a machine writes it). ``make test`` calls this before its
     parallel parts, so their owner processes load the kernels instead of each compiling them."""
-    sketch = RaceSketch(make_family("l2", 2, 2, 0, bandwidth=1.0), 4)
+    if not numba_installed():
+        return  # an agent's install without numba: its sketches take the numpy path
+    sketch = RaceSketch(make_family("l2", 2, 2, 0, bandwidth=1.0), 4, backend="numba")
     sketch.update(np.zeros((1, 2), dtype=np.float32))
     sketch.query(np.zeros((1, 2), dtype=np.float32))
 
@@ -262,11 +265,19 @@ class OwnerHost:
         for label, count in used.items():
             dca.allowance.used[label] = max(dca.allowance.used[label], int(count))
 
-    async def warm_up(self) -> float:
-        """Compile the sketch kernels now (numba; cached on disk after the first process), so
-        the first secure-sum round is not delayed past its deadline; returns seconds spent."""
+    async def warm_up(self, work_per_record: int | None = None) -> float:
+        """Load the sketch kernels now (numba; compiled once, then loaded from its cache), so
+        the first secure-sum round is not delayed past its deadline; returns seconds spent.
+
+        ``work_per_record``: the rounds' hashing work per record (the plan's sketch rows times
+        the features). Given, the kernels are loaded only when one scan round of every
+        hosted owner would reach numba (streams/race/kernels.py, ``"auto"``, which counts the
+        numpy work of the whole process): hosts of small owners hash with numpy and never load
+        numba. None (a remote market's call): always loaded."""
         start = time.perf_counter()
-        warm_kernels()
+        hosted = sum(h.party.n_records for h in self._hosted.values())
+        if work_per_record is None or would_use_numba(hosted * int(work_per_record)):
+            warm_kernels()
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------ secure-sum client

@@ -233,9 +233,15 @@ def secure_phases(
     for name in config.faults.kill_compute:  # simulated compute-node crash
         if name in handles and not is_remote(handles[name]):
             ray.kill(handles[name], no_restart=True)
-    progress("owners: compiling sketch kernels")
+    progress("owners: warming up")
     tick = time.perf_counter()
-    gather_alive([h.warm_up.remote() for h in unique_actors(market.owners)])
+    per_record = int(prep.plan["sketch"]["rows"]) * int(prep.plan["n_features"])
+    gather_alive(
+        [
+            h.warm_up.remote() if is_remote(h) else h.warm_up.remote(per_record)
+            for h in unique_actors(market.owners)
+        ]
+    )
     timings["kernels"] = time.perf_counter() - tick
     progress("secure sums: normalise and scan")
     market.compute_nodes = handles  # killed with the market

@@ -21,8 +21,15 @@ identical query sums.
 
 Numba is imported on the first compiled call, never at import: a process that only hashes
 with numpy (an owner's agent installed without numba, docs/guide/remote.md) pays neither its
-import nor its memory; ``"auto"`` imports it when a sketch is made. Kernels compile on
-first use with ``cache=True``: numba keeps the machine code in its own cache, the module's
+import nor its memory. ``"auto"`` decides per call, as in ski rental: numba once it is loaded
+in this process; else numpy until this call's projection work (records x hash functions x
+features) added to what numpy has already done here reaches :data:`NUMBA_FROM`, about half a
+second of numpy, roughly what importing numba and loading its cached kernels costs; then numba
+from then on. A process that hashes little (the owners of a small market, each scanning a few
+hundred records once) never loads numba, about 0.8 CPU-seconds and 100 MB saved per process;
+one that hashes a lot pays at most about twice the cheaper choice. Both backends give identical
+counters, so the choice never changes a result. Kernels compile on first use with
+``cache=True``: numba keeps the machine code in its own cache, the module's
 ``__pycache__`` where that is writable, else the per-user cache (``~/.cache/numba``, or
 ``NUMBA_CACHE_DIR``), so a later process loads the kernels instead of compiling them
 (benchmarks/party_memory.py measures both).
@@ -30,6 +37,7 @@ first use with ``cache=True``: numba keeps the machine code in its own cache, th
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -41,9 +49,25 @@ from dpmarket.streams.race.lsh import CODE_LIMIT, MAX_ABS_INPUT, LshFamily
 numba: Any = None
 _numba_missing = False  # the import was tried and failed: numpy from then on
 
-__all__ = ["BACKENDS", "gather_sums", "insert_counts", "mean_of_one", "resolve_backend"]
+__all__ = [
+    "BACKENDS",
+    "NUMBA_FROM",
+    "gather_sums",
+    "insert_counts",
+    "mean_of_one",
+    "numba_installed",
+    "numba_ready",
+    "resolve_backend",
+    "use_numba",
+    "would_use_numba",
+]
 
 BACKENDS = ("auto", "numba", "numpy")
+# ``"auto"``: numpy's projection multiply-adds in a process before numba is loaded (module
+# docstring): about 0.5 s of numpy on this project's 2-core machine, about what numba's import
+# and cached kernels cost a new process
+NUMBA_FROM = 1 << 28
+_numpy_work = 0  # multiply-adds done with numpy under "auto" in this process
 _CHUNK_ELEMENTS = 1 << 22  # numpy fallback: codes computed in blocks of this many values
 _BLOCK = 2048  # records per block of the insert kernel (fits in L1 with the row's counters)
 _PARALLEL_FROM = 32  # query batches at least this large use the parallel gather kernel
@@ -67,8 +91,18 @@ def numba_installed() -> bool:
     return numba is not None
 
 
+def _numba_findable() -> bool:
+    """False where numba is known to be missing here (an import that failed, or one blocked by
+    a None entry in ``sys.modules``), else True without importing it: ``"auto"`` tries numba
+    when it pays and keeps numpy if the import fails."""
+    if numba is not None:
+        return True
+    return not _numba_missing and not ("numba" in sys.modules and sys.modules["numba"] is None)
+
+
 def resolve_backend(backend: str) -> str:
-    """``"numba"`` or ``"numpy"`` for a requested backend (``"auto"``: numba when installed)."""
+    """The backend a sketch keeps for a requested one: ``"numba"``, ``"numpy"``, or ``"auto"``
+    (decided per call by :func:`use_numba`; ``"numpy"`` where numba is not installed)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "numba" and not numba_installed():
@@ -76,8 +110,40 @@ def resolve_backend(backend: str) -> str:
             "backend 'numba' requested but numba is not installed (pip install 'dpmarket[numba]')"
         )
     if backend == "auto":
-        return "numba" if numba_installed() else "numpy"
+        return "auto" if _numba_findable() else "numpy"
     return backend
+
+
+def numba_ready(backend: str) -> bool:
+    """Whether a call under ``backend`` runs numba without loading it: ``"numba"``, or
+    ``"auto"`` in a process where numba is already imported (by this module or another)."""
+    if backend == "numba":
+        return True
+    if backend != "auto":
+        return False
+    if numba is None and sys.modules.get("numba") is not None:
+        numba_installed()  # imported elsewhere in this process: free to use
+    return numba is not None
+
+
+def use_numba(backend: str, work: int) -> bool:
+    """Whether a call of ``work`` projection multiply-adds runs numba (module docstring);
+    under ``"auto"`` a numpy call's work is counted towards :data:`NUMBA_FROM`."""
+    global _numpy_work
+    if backend != "auto":
+        return backend == "numba"
+    if numba_ready(backend):
+        return True
+    if _numpy_work + work >= NUMBA_FROM and numba_installed():
+        return True
+    _numpy_work += work
+    return False
+
+
+def would_use_numba(work: int) -> bool:
+    """Whether ``"auto"`` would run numba for a call of ``work`` here now (nothing counted):
+    an owner's warm-up loads the kernels before a round only when the round would."""
+    return numba_ready("auto") or (_numpy_work + work >= NUMBA_FROM and _numba_findable())
 
 
 # ------------------------------------------------------------------- compiled kernel sources
@@ -260,7 +326,7 @@ def insert_counts(
     backend: str,
 ) -> None:
     """``counts[r, l_r(x) mod W] += w_x`` for every checked record x and row r (in place)."""
-    if backend == "numba":
+    if use_numba(backend, points.shape[0] * family.projections.size):
         _compiled("insert")(
             np.ascontiguousarray(points.T), family.projections, family.offsets, family.bits,
             family.mode, np.zeros(0, dtype=np.int64) if weights is None else weights, counts,
@@ -308,7 +374,7 @@ def gather_sums(
     r of each group (``row_group`` maps a row to its group, contiguous groups; it is not read
     when ``groups == 1``)."""
     out = np.zeros((groups, points.shape[0]))
-    if backend == "numba":
+    if use_numba(backend, points.shape[0] * family.projections.size):
         name = "gather" if points.shape[0] < _PARALLEL_FROM else "gather_parallel"
         _compiled(name)(
             points, family.projections, family.offsets, family.bits, family.mode, counts,

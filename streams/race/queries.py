@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.typing import NDArray
 
-from dpmarket.streams.race.kernels import gather_sums, mean_of_one
+from dpmarket.streams.race.kernels import gather_sums, mean_of_one, numba_ready
 from dpmarket.streams.race.lsh import LshFamily, as_points
 
 __all__ = ["DEFAULT_GROUPS", "ESTIMATORS", "MAX_WIDTH", "RaceQueries", "check_width"]
@@ -92,7 +92,7 @@ class RaceQueries:
         with ``groups = 8 ln(1/delta)`` it is within ``sqrt(32 sigma^2 ln(1/delta)/R)`` of the
         mean with probability ``1 - delta`` (Lemma 3.3, Theorem 3.4).
         """
-        if estimator == "mean" and not normalize and self.backend == "numba":
+        if estimator == "mean" and not normalize and numba_ready(self.backend):
             single = mean_of_one(Q, self.family, self._counts)  # one float32 row: one call
             if single is not None:
                 return single

@@ -1,8 +1,10 @@
 """Text record decoders: CSV and JSONL lines into float32 batches (see :mod:`records_schema`).
 
 Speed without per-record Python: line positions come from numpy over the byte buffer; a compiled
-scanner (numba, when installed: imported on the first decode) parses lines of plain decimals
-exactly as ``float()`` does; the other lines are converted in bulk by
+scanner (numba, when installed) parses lines of plain decimals exactly as ``float()`` does, once
+it pays: numba is imported when it is already loaded in the process or once this process has
+decoded :data:`JIT_FROM_BYTES` without it (about what importing numba costs in numpy time; a
+process that reads a few small files never loads it); the other lines are converted in bulk by
 ``np.array(fields, float64)``, bisecting a failing block down to its bad lines. JSONL lines that
 are flat arrays of numbers take the CSV path, the others :func:`json.loads`. Every fast path
 equals its general path bit for bit, and incremental use is exact: a partial last line is
@@ -13,6 +15,7 @@ is split.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -152,12 +155,21 @@ def _scan_numbers(
 
 
 _scanner: list[Callable[..., None] | None] = []  # once looked for: the compiled scanner or None
+# bytes decoded without the compiled scanner before numba is imported for it (module docstring):
+# the general path runs at about 13 MB/s on this project's machine, so about as long as
+# importing numba and loading the cached scanner
+JIT_FROM_BYTES = 8 << 20
+_general_bytes = [0]  # bytes this process decoded by the general path while numba was unloaded
 
 
-def _compiled_scanner() -> Callable[..., None] | None:
-    """The compiled scanner (numba imported on the first decode that asks, never at import:
-    an agent installed without numba takes :func:`_general` for every line), or None."""
+def _compiled_scanner(size: int = 0) -> Callable[..., None] | None:
+    """The compiled scanner for a buffer of ``size`` bytes, or None: the general path, for
+    every line in an agent installed without numba (numba is never imported at import), and
+    until it pays here (module docstring; ``size`` counts towards it)."""
     if not _scanner:
+        if sys.modules.get("numba") is None and _general_bytes[0] + size < JIT_FROM_BYTES:
+            _general_bytes[0] += size
+            return None
         try:
             import numba
         except ImportError:
@@ -220,7 +232,7 @@ def _delimited(
 ) -> Rows:
     """Parse lines ``[starts, ends)``: easy lines compiled, the rest by :func:`_general`."""
     values, easy = np.empty((starts.size, kt)), np.zeros(starts.size, dtype=np.bool_)
-    scan = _compiled_scanner() if jit and starts.size else None
+    scan = _compiled_scanner(len(buf)) if jit and starts.size else None
     if scan is not None:
         scan(np.frombuffer(buf, dtype=np.uint8), starts, ends, delim, values, easy)
     hard = _general(buf, starts[~easy], ends[~easy], delim, kt, base, pad)

@@ -37,7 +37,7 @@ from tests.integration.test_secure_resume import REPRO, _events, _journal, _star
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
-WARM_UP = "owners: compiling sketch kernels"
+WARM_UP = "owners: warming up"
 
 
 def _args(out: Path) -> list[str]:

@@ -31,7 +31,7 @@ from tests.remote.proxy import FaultProxy
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RUN = 900.0  # seconds a market run may take on 2 loaded cores (generous; never asserted)
-JOIN = 30.0  # the join deadline: the absent parties are waited for this long (the present
+JOIN = 20.0  # the join deadline: the absent parties are waited for this long (the present
 # agents are started with the driver and join within their 5 s backoff of its gateway opening)
 
 

@@ -42,6 +42,15 @@ from dpmarket.streams.records.files import (
     probe,
     read_rejects,
 )
+from dpmarket.streams.records.text import _compiled_scanner
+
+# The compiled scanner is taken once numba is loaded in the process (or once it pays:
+# streams/records/text.py); loaded here, so that every comparison below of a decoder with its
+# jit=False twin compares the compiled scanner with the general path.
+try:
+    import numba
+except ImportError:  # an install without numba: both sides take the general path
+    numba = None
 
 SCHEMA = Schema.box(3, -10.0, 10.0, label_column=3)
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -200,6 +209,10 @@ def test_compiled_scanner_agrees_exactly_with_float(values: list[float], style: 
     parsed = np.array([float(f) for f in fields])
     expected = np.clip(parsed[np.isfinite(parsed)], schema.lo[0], schema.hi[0])
     assert np.array_equal(fast.features[:, 0], expected.astype(np.float32))
+
+
+def test_the_decoders_here_use_the_compiled_scanner_where_numba_is_installed() -> None:
+    assert (_compiled_scanner() is not None) == (numba is not None)
 
 
 def test_compiled_scanner_takes_plain_decimals() -> None:
