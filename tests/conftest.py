@@ -31,3 +31,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             os.environ[key] = value
     for home in _HOME:
         shutil.rmtree(home, ignore_errors=True)
+
+
+# The Ray part's longest files (benchmarks/RESULTS.md, "Test suite time (issue 37)": each takes
+# 2-5 minutes) are collected first, longest first: pytest-xdist's ``--dist loadfile`` hands the
+# files to its workers in collection order, so these start at once and the short files fill in
+# around them, and the two workers finish together instead of one starting a long file last.
+FIRST = (
+    "integration/test_remote_market.py",
+    "integration/test_crash_resume.py",
+    "integration/test_remote_faults.py",
+    "integration/test_fault_matrix.py",
+    "integration/test_raylet_cluster.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.path.as_posix()
+        return next((i for i, name in enumerate(FIRST) if path.endswith(name)), len(FIRST))
+
+    items.sort(key=rank)  # stable: collection order within a file and among the rest

@@ -273,7 +273,7 @@ class OwnerHost:
         the features). Given, the kernels are loaded only when one scan round of every
         hosted owner would reach numba (streams/race/kernels.py, ``"auto"``, which counts the
         numpy work of the whole process): hosts of small owners hash with numpy and never load
-        numba. None (a remote market's call): always loaded."""
+        numba. None: always loaded."""
         start = time.perf_counter()
         hosted = sum(h.party.n_records for h in self._hosted.values())
         if work_per_record is None or would_use_numba(hosted * int(work_per_record)):

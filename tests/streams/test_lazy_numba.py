@@ -113,3 +113,32 @@ def test_parsing_past_the_threshold_loads_the_compiled_scanner_with_the_same_rec
     loaded = list(out["loaded"])  # type: ignore[call-overload]
     assert loaded[0] is False and loaded[-1] is True and loaded == sorted(loaded)
     assert out["same"]
+
+
+WARM_UP = """
+import asyncio, json, sys
+import numpy as np
+from dpmarket.actors.parties.owner import OwnerHost
+from dpmarket.actors.randomness import NoiseSource
+from dpmarket.streams.race.kernels import NUMBA_FROM
+rng = np.random.default_rng(0)
+owners = {{f"owner-{{i}}": (rng.normal(size=(500, 13)), None) for i in range(4)}}
+host = OwnerHost("warm", owners, NoiseSource.secure())
+per_record = {per_record}
+asyncio.run(host.warm_up(None if per_record < 0 else per_record))
+print(json.dumps({{"loaded": "numba" in sys.modules, "threshold": NUMBA_FROM}}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("per_record", "loaded"),
+    [(256 * 13, False), ((1 << 28) // 2000 + 1, True), (-1, True)],
+    ids=["a scan of 2000 records at 256 rows", "a scan past NUMBA_FROM", "no plan given"],
+)
+def test_an_owner_hosts_warm_up_loads_the_kernels_only_when_its_scan_would_use_them(
+    per_record: int, loaded: bool
+) -> None:
+    """Four owners of 500 records each: a scan at 256 rows of 13 features hashes with numpy,
+    so the warm-up loads nothing; work per record making the four scans pass NUMBA_FROM, or
+    no plan to tell (a caller that gives none), loads the kernels before the round."""
+    assert _fresh(WARM_UP.format(per_record=per_record))["loaded"] is loaded
