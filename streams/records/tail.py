@@ -21,8 +21,11 @@ the file is found again under its new name and read to its end. A generation no 
 path and idle for ``rotate_wait`` is finished: its partial last record is a ``truncated`` reject
 (never decoded as if it were complete); bytes appended later are read as new lines. A held
 partial record is never glued onto bytes of another generation, and a line without its newline
-is never a record. Head and mark are checked again after each read: bytes read from a file
-copytruncated since the poll's checks are dropped, never taken as the old generation's.
+is never a record. Head, mark and the last bytes read are checked again after each read, and
+the new mark is taken from the bytes read, never from the file: a read of a file copytruncated
+since the poll's checks (before its bytes were read or while they were decoded, even one left
+empty) is dropped, never taken as the old generation's, so its orphan keeps the offset at which
+the copy is adopted.
 
 Limits. Bytes written to a copytruncated file after the copy and before the truncation exist
 nowhere; a truncation to a non-zero length regrown past the read offset before a poll has an
@@ -114,11 +117,14 @@ def _mark(fd: int, offset: int) -> bytes:
     return os.pread(fd, min(offset, MARK_BYTES), max(0, offset - MARK_BYTES))
 
 
-def _intact(gen: Gen, fd: int) -> bool:
-    """Whether ``fd`` still holds ``gen``'s head and its bytes before the read offset (checked
-    after reading: a copytruncate between a poll's checks and its read is caught)."""
+def _intact(gen: Gen, fd: int, tail: bytes, end: int) -> bool:
+    """Whether ``fd`` still holds ``gen``'s head, its bytes before the read offset and ``tail``,
+    the last bytes read (ending at ``end``; never empty). Checked after reading: a copytruncate
+    between a poll's checks and the end of its read is caught, also one that left the file empty
+    (an empty head is a prefix of any, but it lacks ``tail``)."""
     before = gen.mark + gen.buffer
     kept = os.pread(fd, len(before), gen.offset - len(gen.mark)) == before
+    kept = kept and os.pread(fd, len(tail), end - len(tail)) == tail
     return kept and prefix_match(os.pread(fd, HEAD_BYTES, 0), gen.head)
 
 
@@ -350,9 +356,13 @@ class FileTailer:
             gen.buffer + data, gen.offset, final=False, mid_record=gen.mid_record
         )
         offset = gen.read_offset + len(data) - len(out.remainder)
-        mark = _mark(fd, offset)
-        if not _intact(gen, fd):  # replaced since this poll's checks: what was read may be the
-            return True  # next generation's (and the mark too); the next poll sees which
+        read = gen.mark + gen.buffer + data  # the bytes up to the end of this read
+        mark = read[: len(read) - len(out.remainder)][-MARK_BYTES:]  # what was read, not the
+        # file now: it may have been emptied since (a copy of it must match the mark)
+        tail = mark + out.remainder
+        if not _intact(gen, fd, tail, gen.read_offset + len(data)):  # replaced since this
+            return True  # poll's checks: what was read may not be this generation's bytes, or
+            # be them but gone from the file (into a copy); the next poll sees which
         gen.done, gen.idle_since = False, None
         gen.offset, gen.buffer, gen.mid_record, gen.mark = (
             offset,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dpmarket.streams.records.files import CsvDecoder, Schema
+from dpmarket.streams.records.files import CsvDecoder, Decoded, Schema
 from dpmarket.streams.records.position import FileState, TailState, load_state, save_state
 from dpmarket.streams.records.tail import FileTailer
 
@@ -139,6 +139,54 @@ async def test_copytruncate_between_the_checks_and_the_read(
         assert fired
     assert sorted(taken) == [(88, 32, "x.log.1"), (89, 40, "x.log.1"), (90, 48, "x.log.1"),
                              (123, 0, "x.log")]  # fmt: skip
+
+
+class CopytruncateWhileDecoding(CsvDecoder):
+    """A CSV decoder during whose first decode the writer copytruncates ``path`` (and, if
+    ``regrow``, writes the next generation's first line): the bytes being decoded were read
+    before the copy, the tailer's checks after the read see the emptied file."""
+
+    def __init__(self, path: Path, regrow: bool) -> None:
+        super().__init__(SCHEMA)
+        self.path, self.regrow, self.fired = path, regrow, False
+
+    def decode(
+        self, data: bytes, base_offset: int = 0, *, final: bool = False, mid_record: bool = False
+    ) -> Decoded:
+        if not self.fired:
+            self.fired = True
+            shutil.copyfile(self.path, self.path.with_name("x.log.1"))
+            os.truncate(self.path, 0)
+            if self.regrow:
+                append(self.path, lines(range(123, 124)))
+        return super().decode(data, base_offset, final=final, mid_record=mid_record)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("polls_before_regrowth", [None, 0, 1])
+async def test_copytruncate_between_the_read_and_the_checks_after_it(
+    tmp_path: Path, polls_before_regrowth: int | None
+) -> None:
+    """The chaos test's duplicate: the writer copytruncates after a poll read the new bytes and
+    before it checked the file again (here: while they are decoded). The emptied file passed
+    every check (an empty head is a prefix of any) and the new mark was read from it, empty, so
+    the copy no longer matched the orphan and was read from 0: 84..87 delivered twice. They must
+    be delivered once, at their offsets, and the next generation's line from 0, whether that
+    line was written during the decode (``None``: the head check always caught that), before the
+    next poll (0), or after a poll that saw the emptied file beside its copy (1)."""
+    path = tmp_path / "x.log"
+    path.write_bytes(lines(range(84, 88)))
+    decoder = CopytruncateWhileDecoding(path, regrow=polls_before_regrowth is None)
+    tailer = FileTailer(path, decoder, tmp_path / "state", pattern="x.log*", fsync=False)
+    async with tailer:
+        taken = await poll(tailer)
+        assert decoder.fired
+        if polls_before_regrowth is not None:
+            taken += await poll(tailer, polls_before_regrowth)
+            append(path, lines(range(123, 124)))
+        taken += await poll(tailer, 5)
+    assert sorted(taken) == [(84, 0, "x.log.1"), (85, 8, "x.log.1"), (86, 16, "x.log.1"),
+                             (87, 24, "x.log.1"), (123, 0, "x.log")]  # fmt: skip
 
 
 @pytest.mark.asyncio
