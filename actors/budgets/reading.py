@@ -1,7 +1,10 @@
 """An owner's ledger store read for reporting: read-only, no filter, any schema version.
 
 ``dpmarket budget`` and the config check read stores through :func:`read_store` (a SQLite
-connection in read-only mode, so reading never migrates or locks a store for writing);
+connection in read-only mode, so reading never migrates or locks a store for writing; a store
+whose writer died inside a transaction has a hot journal, which only a writable connection can
+roll back, so such a store is opened writable once, with ``query_only``: SQLite restores its
+last committed state, as the owner's own next open would, and nothing else is written);
 :func:`spending` applies the per-record rule of actors/budgets/store.py to its rows. A
 schema-1 store is read as its migration will write it (:func:`_as_schema_2`).
 """
@@ -25,7 +28,19 @@ def read_store(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise StoreError(f"{p}: no ledger store")
-    conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True, timeout=60.0)
+    try:
+        return _read(p, sqlite3.connect(f"file:{p}?mode=ro", uri=True, timeout=60.0))
+    except _HotJournal:  # its writer died mid-transaction: roll it back (module docstring)
+        conn = sqlite3.connect(str(p), timeout=60.0)
+        conn.execute("PRAGMA query_only = ON")
+        return _read(p, conn)
+
+
+class _HotJournal(Exception):
+    """A read-only connection met a hot journal it may not roll back."""
+
+
+def _read(p: Path, conn: sqlite3.Connection) -> dict[str, Any]:
     try:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
         runs = [
@@ -54,6 +69,8 @@ def read_store(path: str | Path) -> dict[str, Any]:
         if table == "arrivals":  # read as the migration will write it (``_LEGACY_WINDOWS``)
             rows, retired = _as_schema_2(rows, retired, set(blocks))
     except sqlite3.Error as exc:
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_ROLLBACK":
+            raise _HotJournal from None
         raise StoreError(f"{p}: not a ledger store ({exc})") from None
     finally:
         conn.close()

@@ -44,6 +44,49 @@ def test_charge_persists_and_replays_without_charging_twice(tmp_path: Path) -> N
     assert len(again.events()) == 1
 
 
+def test_a_store_whose_writer_died_mid_transaction_is_read_as_last_committed(
+    tmp_path: Path,
+) -> None:
+    """A process holding the store's write transaction (pages already spilled to the file)
+    is SIGKILLed: the hot journal it leaves cannot be rolled back by a read-only connection
+    (before: read_store said "not a ledger store (attempt to write a readonly database)",
+    seen when a run's owner actors were killed while recording arrivals). read_store rolls it
+    back and reads the last committed state: the committed charge, not the dead one's rows."""
+    path = tmp_path / "owner-1.sqlite"
+    store = LedgerStore(path, "owner-1", RenyiFilter(5.0, DELTA))
+    store.begin_run("r1")
+    assert store.charge("r1:s:1", "r1", gauss()).admitted
+    store.close()
+    script = textwrap.dedent(
+        f"""
+        import sqlite3
+        conn = sqlite3.connect({str(path)!r}, isolation_level=None)
+        conn.execute("PRAGMA cache_size = 1")  # spill: the file changes inside the transaction
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("DELETE FROM charges")
+        conn.execute("CREATE TABLE filler (x BLOB)")
+        for _ in range(200):
+            conn.execute("INSERT INTO filler VALUES (randomblob(4000))")
+        print("holding", flush=True)
+        import time
+        time.sleep(600)
+        """
+    )
+    writer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout is not None and writer.stdout.readline().strip() == "holding"
+    writer.kill()
+    writer.wait(timeout=30)
+    assert (tmp_path / "owner-1.sqlite-journal").exists()  # a hot journal is left
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):  # what a plain ro read meets
+        sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute("SELECT * FROM meta").fetchall()
+    read = read_store(path)
+    assert [r["release"] for r in read["rows"]] == ["r1:s:1"]
+    assert not (tmp_path / "owner-1.sqlite-journal").exists()  # rolled back
+    with sqlite3.connect(path) as conn:  # nothing of the dead transaction is left
+        tables = {t for (t,) in conn.execute("SELECT name FROM sqlite_master")}
+    assert "filler" not in tables
+
+
 def test_store_of_another_owner_refused(tmp_path: Path) -> None:
     LedgerStore(tmp_path / "s.sqlite", "owner-1", RenyiFilter(1.0, DELTA)).close()
     with pytest.raises(StoreError, match="owner-1"):
