@@ -16,6 +16,7 @@ Prints a table, then one JSON object: {"cpu_s", "wall_s", "returncode", "kinds":
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -87,10 +88,8 @@ def main() -> int:
         total = int((group / "cpuacct.usage").read_text()) / 1e9
     finally:
         for pid in [int(p) for p in procs.read_text().split()]:  # only what COMMAND started
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + 10
         while procs.read_text().split() and time.monotonic() < deadline:
             time.sleep(0.1)
