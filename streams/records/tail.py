@@ -378,6 +378,7 @@ class FileTailer:
         """End ``gen``'s held partial record: a ``truncated`` reject, never a record."""
         if gen.buffer:
             reject = Reject(gen.offset, TRUNCATED, why, gen.buffer[:RAW_LIMIT], len(gen.buffer))
+            gen.mark = (gen.mark + gen.buffer)[-MARK_BYTES:]  # the bytes before the new offset
             gen.offset, gen.buffer = gen.read_offset, b""
             self._emit(
                 gen, RecordBatch.empty(self.decoder.schema, gen.offset, gen.offset, (reject,))

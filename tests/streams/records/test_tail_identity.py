@@ -208,3 +208,27 @@ async def test_a_file_name_with_glob_characters_is_a_name(tmp_path: Path, name: 
         second = await poll(tailer)
     assert sorted(i for i, _, _ in first + second) == list(range(6))
     assert {n for _, _, n in first + second} == {name, f"{name}.1"}
+
+
+@pytest.mark.asyncio
+async def test_lines_appended_after_a_rotated_files_partial_was_rejected_are_read(
+    tmp_path: Path,
+) -> None:
+    """A rotated file idle with a partial last record: the partial becomes a ``truncated``
+    reject, and lines appended to that file afterwards are read as new lines (module
+    docstring). Before, the reject moved the offset past the partial but left the mark before
+    it: the next poll saw the file "rewritten", counted a gap and skipped the next line (7)."""
+    path, state = tmp_path / "x.log", tmp_path / "state"
+    path.write_bytes(lines(range(5)) + b"370.2")  # "370.2": no newline, not a record yet
+    tailer = FileTailer(
+        path, CsvDecoder(SCHEMA), state, pattern="x.log*", fsync=False, rotate_wait=0.0
+    )
+    async with tailer:
+        assert [i for i, _, _ in await poll(tailer)] == [0, 1, 2, 3, 4]
+        rotated = tmp_path / "x.log.1"
+        os.rename(path, rotated)
+        assert await poll(tailer, 3) == []  # idle, rotated: the partial is a reject
+        append(rotated, lines(range(7, 9)))
+        taken = await poll(tailer, 3)
+        assert [i for i, _, _ in taken] == [7, 8]
+        assert tailer.gaps == 0
