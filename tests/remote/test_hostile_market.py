@@ -354,3 +354,28 @@ def test_a_call_below_the_floor_or_beyond_the_plan_gets_nothing_and_an_honest_ro
     own = contribution_sensitivity("moments", 2 * K + 1, moments, K, neighbouring="replace")
     assert event["sensitivity"] == grid_sensitivity(own, 2 * K + 1, config.frac_bits)
     assert event["parameters"]["sigma"] == plan.rounds["normalise"].sigma_floor
+
+
+def test_a_warm_up_call_carrying_the_markets_own_work_figure_is_refused(
+    m: Market, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner decides from its own accepted plan whether its warm-up loads the compiled
+    kernels (owneragent ``_hashing``); a market that sends its own figure with the call (to
+    make every owner load them, or none) gets the call refused naming the argument (the
+    gateway's default, 0.0, and the owner's error), nothing is charged, and the owner's own
+    warm-up still answers."""
+    from dpmarket.actors.remote import control
+
+    config = _session(m)
+    ledger_run, _, _ = _accepted(m, config, _plan(config))
+    honest = control.METHODS[("owner", "warm_up")]
+    lying = (lambda args: {"work_per_record": 10**12}, *honest[1:])
+    monkeypatch.setitem(control.METHODS, ("owner", "warm_up"), lying)
+    m.gateway.errors.pop(OWNER, None)
+    assert m.invoke("warm_up") == 0.0  # no answer: the absent value
+    [refused] = m.gateway.errors[OWNER]
+    assert "warm_up failed" in refused and "work_per_record" in refused
+    monkeypatch.setitem(control.METHODS, ("owner", "warm_up"), honest)
+    assert m.invoke("warm_up") >= 0.0
+    assert m.gateway.errors[OWNER] == [refused]  # the honest call: no further error
+    assert m.store_rows(ledger_run) == []
