@@ -5,21 +5,11 @@ where nothing else has imported numba yet."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
+from tests.test_packaging import _fresh  # a fresh interpreter's last JSON line
+
 pytest.importorskip("numba")  # with numba missing, "auto" is numpy (tests/test_packaging.py)
-
-
-def _fresh(code: str) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 SKETCH = """
