@@ -383,9 +383,16 @@ def gather_sums(
         return out
     rows, width = counts.shape
     starts = np.flatnonzero(np.diff(row_group, prepend=-1)) if groups > 1 else np.zeros(1, int)
-    row_index = np.arange(rows)
+    bounds = [*starts.tolist(), rows]
+    row_index = np.arange(rows)[:, None]
     step = max(1, _CHUNK_ELEMENTS // rows)
     for start in range(0, points.shape[0], step):
-        values = counts[row_index, np.mod(family.codes(points[start : start + step]), width)]
-        out[:, start : start + step] = np.add.reduceat(values.astype(np.float64), starts, 1).T
+        cols = np.mod(family.codes(points[start : start + step]), width).T
+        values = counts[row_index, cols]  # [rows, queries]: a row's counters contiguous
+        for g in range(groups):
+            # row by row, as the compiled kernel adds (np.add.reduce and reduceat add pairwise,
+            # which rounds differently once a partial sum is inexact: counters past 2^53 / R)
+            total = out[g, start : start + step]
+            for r in range(bounds[g], bounds[g + 1]):
+                total += values[r]
     return out

@@ -96,6 +96,29 @@ def test_single_query_fast_path_is_bit_identical_to_the_batch_kernel(
         assert np.array_equal(target.query(strided), batch[5:6])
 
 
+def test_numpy_and_numba_sum_rows_in_the_same_order_past_exact_float_sums() -> None:
+    """Counters past 2^53 / R make float64 partial sums inexact: the numpy path must add rows
+    in order as the compiled kernel does (a pairwise sum, as numpy's add.reduce and reduceat
+    do over more than eight rows, gives 2^53 + 63 here instead of 2^53)."""
+    rows, width = 64, 8
+    values = np.ones((rows, width), dtype=np.int64)
+    values[0] = 2**53  # row order: 2^53 + 1 rounds back to 2^53 at every step
+    statement = PrivacyStatement("laplace", (1.0,), 4.0, race.ADD_REMOVE, 4.0, 0.0)
+    Q = _data(40, seed=3)
+    answers = {}
+    for backend in ("numba", "numpy"):
+        template = RaceSketch(_l2(rows=rows), width, backend=backend)
+        release = RaceRelease(template, values, statement)
+        answers[backend] = (
+            release.query(Q), release.query(Q[:3]), release.query(Q, "median_of_means", groups=1),
+            release.query(Q, "median_of_means", groups=5),
+        )
+    for fast, slow in zip(answers["numba"], answers["numpy"], strict=True):
+        assert np.array_equal(fast, slow)
+    assert answers["numpy"][0][0] == 2.0**53 / rows  # every row added in order
+    assert answers["numpy"][2][0] == 2.0**53 / rows
+
+
 def test_single_query_takes_the_float_path_when_an_int64_sum_could_differ() -> None:
     template = RaceSketch(_l2(rows=4), 8)
     values = np.ones((4, 8), dtype=np.int64)
