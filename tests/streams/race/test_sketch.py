@@ -110,7 +110,9 @@ def test_numpy_and_numba_sum_rows_in_the_same_order_past_exact_float_sums() -> N
         template = RaceSketch(_l2(rows=rows), width, backend=backend)
         release = RaceRelease(template, values, statement)
         answers[backend] = (
-            release.query(Q), release.query(Q[:3]), release.query(Q, "median_of_means", groups=1),
+            release.query(Q),
+            release.query(Q[:3]),
+            release.query(Q, "median_of_means", groups=1),
             release.query(Q, "median_of_means", groups=5),
         )
     for fast, slow in zip(answers["numba"], answers["numpy"], strict=True):
