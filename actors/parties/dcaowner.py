@@ -132,9 +132,11 @@ class OwnerSecureSum:
         what: str,
         options: dict[str, Any],
         live: npt.NDArray[np.bool_] | None = None,
+        backend: str = "auto",
     ) -> list[Message]:
         """This owner's contribution to a secure-sum round (see ``OwnerActor.dca_contribute``);
-        ``live`` masks out records of retired blocks (actors/budgets/gate.py).
+        ``live`` masks out records of retired blocks (actors/budgets/gate.py); ``backend``: the
+        sketch kernels' (streams/race/kernels.py; the counters are the same with each).
 
         Refused (``ValueError`` naming the label and the violated bound; nothing is computed or
         sent) unless the operator's plan admits ``spec``, ``what`` and ``options`` and the
@@ -145,7 +147,7 @@ class OwnerSecureSum:
             raise RuntimeError(f"{self.name}: dca_contribute before dca_setup")
         _roster_check(self)
         self.allowance.take(spec, what, options)
-        row = contribution(records, spec, what, options, self.name, self.sketched, live)
+        row = contribution(records, spec, what, options, self.name, self.sketched, live, backend)
         return self.client.contribute(spec, row[None, :], self.rng)
 
 
@@ -164,12 +166,14 @@ def contribution(
     owner: str,
     sketched: dict[int, int],
     live: npt.NDArray[np.bool_] | None = None,
+    backend: str = "auto",
 ) -> npt.NDArray[np.float64]:
     """The vector an owner adds to a round: ``moments`` (clipped sums, sums of squares, count),
     ``sketch`` (RACE counters of every record) or ``sketch_delta`` (counters of the records
     added since the round ``options['base_rounds'][owner]``; ``sketched`` records per round how
     many records a contribution covered). Records where ``live`` is False (retired blocks) are
-    never read; ``sketched`` counts positions in ``X``, so deltas stay disjoint."""
+    never read; ``sketched`` counts positions in ``X``, so deltas stay disjoint. ``backend``: the
+    sketch kernels' (the same counters with each)."""
     if live is not None and live.shape != (len(X),):
         raise ValueError(f"live: expected shape ({len(X)},), got {live.shape}")
     if what == "moments":
@@ -194,6 +198,7 @@ def contribution(
             bandwidth=float(options["bandwidth"]),
         ),
         int(options["width"]),
+        backend=backend,
     )
     if len(X):
         sketch.update(X.astype(np.float32))
@@ -207,15 +212,17 @@ def gated_contribute(
     spec: RoundSpec,
     what: str,
     options: dict[str, Any],
+    backend: str = "auto",
 ) -> list[Message]:
     """An owner's secure-sum contribution behind its cap: the operator's plan admits the round
     first (a round it refuses charges nothing, so a relay cannot drain the budget with rounds
     the plan does not allow), then the charge is committed, and only then are the frames
-    returned to be sent; ``BudgetDeclined`` (no frames) when the cap does not admit it."""
+    returned to be sent; ``BudgetDeclined`` (no frames) when the cap does not admit it.
+    ``backend``: the sketch kernels' (streams/race/kernels.py), as its host settled it."""
     session = session_id(dca.trust.pins)
     _roster_check(dca)
     if gate is None or not gate.blocked:
-        frames = dca.contribute(records, spec, what, options)
+        frames = dca.contribute(records, spec, what, options, backend=backend)
         if gate is not None:
             gate.secure_round(spec, session)
         return frames
@@ -230,4 +237,4 @@ def gated_contribute(
         base = options.get("base_rounds", {}).get(dca.name)
         start = dca.sketched.get(base, 0) if base is not None else 0
     live = gate.secure_round(spec, session, len(records), start)
-    return dca.contribute(records, spec, what, options, live)
+    return dca.contribute(records, spec, what, options, live, backend)

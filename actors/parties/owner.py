@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +38,7 @@ from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
-from dpmarket.streams.race.kernels import numba_installed, would_use_numba
+from dpmarket.streams.race.kernels import numba_installed, numba_ready, would_use_numba
 from dpmarket.streams.race.lsh import make_family
 from dpmarket.streams.race.sketch import RaceSketch
 from dpmarket.streams.records.files import CsvDecoder, Schema
@@ -128,6 +129,9 @@ class OwnerHost:
         delays = delays or {}
         self._noise = noise
         self._hosted: dict[str, _Hosted] = {}
+        # the sketch backend of this host's contributions, settled by warm_up for the run
+        # ("auto" until then: streams/race/kernels.py decides per call)
+        self._backend = "auto"
         for name, (X, y) in owners.items():
             # an int means "no records yet, this many features": records arrive by ingestion
             X0 = np.zeros((0, X)) if isinstance(X, int) else X
@@ -273,11 +277,20 @@ class OwnerHost:
         the features). Given, the kernels are loaded only when one scan round of every
         hosted owner would reach numba (streams/race/kernels.py, ``"auto"``, which counts the
         numpy work of the whole process): hosts of small owners hash with numpy and never load
-        numba. None: always loaded."""
+        numba. None: always loaded.
+
+        The choice is then held for the run: every later contribution of this host (the scan,
+        each refresh round's delta) uses the backend settled here, so numba is never loaded
+        inside a round, where its import and kernels (0.5-0.9 s from the cache, seconds
+        without) would count against the round's deadline. A host whose records grow past the
+        threshold during the run hashes its refresh deltas with numpy: a constant factor
+        slower, never stalled; the next run's warm-up decides again. Both backends give the
+        same counters (tests/streams/race/test_sketch.py), so the choice changes no result."""
         start = time.perf_counter()
         hosted = sum(h.party.n_records for h in self._hosted.values())
         if work_per_record is None or would_use_numba(hosted * int(work_per_record)):
             warm_kernels()
+        self._backend = "numba" if numba_ready("auto") else "numpy"
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------ secure-sum client
@@ -360,7 +373,8 @@ class OwnerHost:
         """
         hosted = self._owner(owner)
         dca = _dca_of(hosted, owner)  # charged durably before any frame leaves (or declined)
-        frames = gated_contribute(dca, hosted.gate, hosted.party.records(), spec, what, options)
+        records = hosted.party.records()
+        frames = gated_contribute(dca, hosted.gate, records, spec, what, options, self._backend)
         return [encode(m) for m in frames]
 
     async def budget_view(self, owner: str) -> dict[str, Any] | None:
@@ -409,10 +423,10 @@ def _one_kernel_thread() -> Iterator[None]:
     the owner processes already run side by side, so the kernels' threads only contend for the
     same cores (a 500-record sketch took 5-6 ms with two threads on the loaded two-core machine,
     0.5 ms with one: benchmarks/RESULTS.md "owner_scale"). Counters are integers summed in any
-    order, so the result is the same."""
-    try:
-        import numba
-    except ImportError:  # the kernels' numpy fallback: no threads to limit
+    order, so the result is the same. Only a process that has numba loaded is touched: one
+    hashing with numpy (OwnerHost.warm_up) does not import it for this."""
+    numba = sys.modules.get("numba")
+    if numba is None:  # not loaded (or not installed): the numpy path has no threads to limit
         yield
         return
     before = numba.get_num_threads()

@@ -132,3 +132,50 @@ def test_an_owner_hosts_warm_up_loads_the_kernels_only_when_its_scan_would_use_t
     so the warm-up loads nothing; work per record making the four scans pass NUMBA_FROM, or
     no plan to tell (a caller that gives none), loads the kernels before the round."""
     assert _fresh(WARM_UP.format(per_record=per_record))["loaded"] is loaded
+
+
+HELD = """
+import asyncio, json, sys
+import numpy as np
+from dpmarket.streams.race import kernels
+kernels.NUMBA_FROM = 1 << 12  # tiny: the scan below passes it hundreds of times over
+from dpmarket.actors.parties.owner import OwnerHost
+from dpmarket.actors.randomness import NoiseSource
+from tests.actors.test_dcaowner import OWNERS, _session
+
+config, nodes, solo = _session()
+trust = solo[OWNERS[0]].trust
+rng = np.random.default_rng(0)
+host = OwnerHost("run-dca", {{o: (rng.uniform(-3, 3, (500, 2)), None) for o in OWNERS}},
+                 NoiseSource.secure(), dca=trust)
+keys = {{n: node.public_key for n, node in nodes.items()}}
+
+async def main():
+    for owner in OWNERS:
+        await host.dca_setup(owner, config, keys)
+    await host.warm_up({per_record})
+    warmed = "numba" in sys.modules
+    spec, options = trust.plan.spec("scan", 1), trust.plan.options("scan")
+    calls = {{o: (spec, "sketch", options) for o in OWNERS}}
+    answers = await host.for_owners("dca_contribute", calls)
+    return warmed, answers
+
+warmed, answers = asyncio.run(main())
+print(json.dumps({{"warmed": warmed, "after": "numba" in sys.modules,
+                  "answered": sorted(answers.results), "errors": answers.errors}}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("per_record", "warmed"), [(0, False), (1 << 12, True)], ids=["numpy held", "numba warmed"]
+)
+def test_a_host_keeps_the_backend_its_warm_up_settled_for_every_round(
+    per_record: int, warmed: bool
+) -> None:
+    """A warm-up that settles numpy (its figure says the scan is small) is held: a scan round
+    whose hashing is far past NUMBA_FROM still runs on numpy, so numba is never loaded inside
+    the round (nor imported to limit its threads); a warm-up that settles numba loads it
+    before the round. Every owner answers either way."""
+    out = _fresh(HELD.format(per_record=per_record))
+    assert out["warmed"] is warmed and out["after"] is warmed
+    assert out["answered"] == ["owner-0", "owner-1", "owner-2", "owner-3"] and not out["errors"]
