@@ -18,19 +18,62 @@ RAY = str(Path(sys.executable).with_name("ray"))
 
 
 _HANDED_OUT: set[int] = set()
+_RAY_WORKER_PORTS_END = 20000  # Ray's workers listen on 10002-19999 by default
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (32768 by default)."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _own_range() -> range:
+    """This pytest process's share of the ports between Ray's worker ports and the ephemeral
+    range: a port there is never the local port of an outgoing connection (those are
+    ephemeral), never one Ray picks itself, and never one another xdist worker hands out."""
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    span = (_ephemeral_start() - _RAY_WORKER_PORTS_END) // workers
+    start = _RAY_WORKER_PORTS_END + (worker % workers) * span
+    return range(start, start + max(0, span))
+
+
+_NEXT = [int.from_bytes(os.urandom(2), "big")]  # where this process starts in its range
 
 
 def free_port() -> int:
-    """A loopback port free now and never handed out before in this process: the kernel may
-    return one ephemeral port to two binds in a row, and two Ray components given the same
-    port refuse to start (seen once in CI: node_manager and object_manager on one port)."""
-    while True:
+    """A loopback port free now for a server that another process opens later (a Ray
+    component, a market's gateway), never handed out before in this process. Taken from
+    :func:`_own_range`, not from ``bind(port 0)``: an ephemeral port free now can become the
+    local port of one of the many outgoing connections of a parallel run before the server
+    binds it (two Ray components on one port, seen once in CI; a market that cannot listen
+    while its agents dial whatever took its port). Falls back to the kernel's choice where
+    the range is too small to share."""
+    ports = _own_range()
+    if len(ports) < 256:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
+    for _ in range(len(ports)):
+        port = ports[_NEXT[0] % len(ports)]
+        _NEXT[0] += 1
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"free_port: no free port left in {ports}")
 
 
 def _cmdlines() -> dict[int, tuple[int, str]]:

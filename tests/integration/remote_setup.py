@@ -131,6 +131,12 @@ class RemoteMarket:
     def log(self, name: str) -> Path:
         return self.root / "logs" / f"{name}.log"
 
+    def tail(self, name: str, lines: int = 30) -> str:
+        """The last ``lines`` lines of a process's log, for a failing assertion's message."""
+        path = self.log(name)
+        text = path.read_text(errors="replace") if path.exists() else "(no log)"
+        return f"--- {name} ---\n" + "\n".join(text.splitlines()[-lines:])
+
     def env(self) -> dict[str, str]:
         env = os.environ | {"RAY_TMPDIR": str(self.ray_tmp), "TMPDIR": str(self.ray_tmp)}
         env.pop("RAY_ADDRESS", None)

@@ -118,16 +118,21 @@ def test_a_name_claimed_with_another_partys_certificate_is_named_and_the_real_pa
 ) -> None:
     """An agent with owner-2's certificate claiming owner-1: refused (exit 2), named with the
     certificate's fingerprint in ``dpmarket run``'s own output and in report.json's
-    ``faults.remote.refusals``; owner-1 itself completes the purchase."""
+    ``faults.remote.refusals``; owner-1 itself, started after the refusal, completes the
+    purchase. (The market waits for owner-1 at its join deadline, so it cannot finish, and
+    close its gateway, before the impostor has been refused.)"""
     with build(tmp_path / "m") as market:
         out = tmp_path / "out"
         driver = market.run(out)
-        market.start_agents()
+        market.start_agents([*market.nodes, *market.owners[1:]])
         config = _impostor(market, "owner-1", "owner-2")
         args = ["owner", "serve", str(config), "--give-up", str(RUN)]
         impostor = market.procs["impostor"] = market._popen("impostor", args, config.parent)
-        assert impostor.wait(timeout=RUN) == 2  # refused: a configuration or identity error
-        assert driver.wait(timeout=RUN) == 0
+        assert wait_until(lambda: impostor.poll() is not None or driver.poll() is not None, RUN)
+        # refused: a configuration or identity error (never left waiting on a market that ended)
+        assert impostor.poll() == 2, (driver.poll(), market.tail("impostor"), market.tail("market"))
+        market.start_agent("owner-1")
+        assert driver.wait(timeout=RUN) == 0, market.tail("market")
         fp = tls.fingerprint((market.root / "pki" / "owner-2.crt").read_bytes())
         said = [line for line in market.log("market").read_text().splitlines() if fp in line]
         assert said and "'owner-1'" in said[0] and "certificate of owner-2" in said[0], said
