@@ -32,7 +32,8 @@ check: $(STAMP) lint typecheck unit-fast
 # worker at a time (module fixtures and the worker's shared local Ray are set up once per
 # file); JOBS=1 runs a part in one process, JOBS=auto one worker per core.
 JOBS ?= 2
-PYTEST := $(BIN)/python -m pytest -q --durations=25 -n $(JOBS) --dist loadfile
+RAY_JOBS ?= $(JOBS)
+PYTEST := $(BIN)/python -m pytest -q --durations=25 --dist loadfile
 
 # two pytest runs at the same time: the Ray tests (local Ray instances, market runs, which
 # wait on processes and deadlines as much as they compute) and the rest (CPU-bound), so each
@@ -45,10 +46,10 @@ unit: $(STAMP)
 	$(MAKE) --no-print-directory -j2 --output-sync=line unit-fast unit-ray
 
 unit-fast: $(STAMP)
-	$(PYTEST) -m "not ray"
+	$(PYTEST) -n $(JOBS) -m "not ray"
 
 unit-ray: $(STAMP)
-	$(PYTEST) -m ray
+	$(PYTEST) -n $(RAY_JOBS) -m ray
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
