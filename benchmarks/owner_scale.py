@@ -25,7 +25,11 @@ owner's ledger accounted by PLD, as report.json does; Ray: the outputs and repor
 (VmHWM) of the curator's process and of the largest owner process (in-process: both are the
 one process, whose data generation is included; Ray: sampled every 0.5 s from /proc under the
 benchmark's own process tree, with ``sum`` over the market's actor processes and ``sum_all``
-with the driver and Ray's own processes: ``TreeSampler.result``).
+with the driver and Ray's own processes: ``TreeSampler.result``; a sum of per-process peaks,
+each counting every shared page it maps: Ray's object store, libraries). ``memory_cgroup_mb``:
+every process of the run together, each page once, from the memory cgroup the run is started
+in where this machine allows one (``GroupSampler``); ``--cold-cache`` drops the page cache
+first so the libraries' pages are charged to the run.
 
 Each (K, mode) runs in a subprocess of its own (its own peak memory, its own Ray instance in a
 temporary directory). The table, the plot ``benchmarks/owner_scale.png`` and, as the last
@@ -39,9 +43,11 @@ line, one JSON object with the rows (keys ``owners``, ``mode``, ``phase_seconds`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -51,6 +57,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from suite_time import MEMORY, cpu_group  # benchmarks/: the memory cgroup of a command
 
 RECORDS_PER_OWNER, DIM, P, NODES = 500, 20, 100, 3
 # default (--owner-processes): one owner process per core, at most 16. Each costs ~310-440 MB
@@ -301,28 +309,74 @@ def run_ray(
         return row
 
 
-def _child(mode: str, owners: int, processes: int) -> dict[str, Any]:
-    """Run one (K, mode) in a subprocess; its last stdout line is its row."""
+class GroupSampler:
+    """The peak, every ``period`` seconds, of what the processes of a memory cgroup (cgroup v1)
+    hold together: anonymous memory, shared memory (Ray's object store) and mapped file pages,
+    a page mapped by many processes counted once (``memory.stat``: ``total_rss + total_shmem +
+    total_mapped_file``; shared memory a process maps is in both of the last two, so this is an
+    upper bound), beside the kernel's ``memory.max_usage_in_bytes`` (which also counts page
+    cache no process maps: logs written, files read)."""
+
+    def __init__(self, group: Path, period: float = 0.25) -> None:
+        self.group, self.period, self.peak = group, period, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _mapped(self) -> int:
+        stat = dict(line.split() for line in (self.group / "memory.stat").read_text().splitlines())
+        return sum(
+            int(stat.get(key, 0)) for key in ("total_rss", "total_shmem", "total_mapped_file")
+        )
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            with contextlib.suppress(OSError, ValueError):
+                self.peak = max(self.peak, self._mapped())
+
+    def __enter__(self) -> GroupSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def result(self) -> dict[str, float]:
+        usage = int((self.group / "memory.max_usage_in_bytes").read_text())
+        return {"mapped_peak": round(self.peak / 2**20, 1), "max_usage": round(usage / 2**20, 1)}
+
+
+def _drop_caches() -> bool:
+    """Write back and drop the clean page cache (root only), so that the file pages the run
+    maps are charged to its cgroup instead of to whoever read them first."""
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def _child(mode: str, owners: int, processes: int, cold: bool = False) -> dict[str, Any]:
+    """Run one (K, mode) in a subprocess; its last stdout line is its row. Where this machine
+    lets a process create one (cgroup v1, as root), the subprocess and everything it starts
+    (Ray's daemons and workers) run in a memory cgroup of their own: ``memory_cgroup_mb``."""
     env = os.environ | {"RAY_TMPDIR": tempfile.mkdtemp(prefix="ray-owner-scale-")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--child",
-            mode,
-            str(owners),
-            "--owner-processes",
-            f"{processes}",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"owner_scale: {mode} K = {owners} failed:\n{proc.stderr[-3000:]}")
-    row: dict[str, Any] = json.loads(lines[-1])
+    cmd = [sys.executable, __file__, "--child", mode, str(owners)]
+    cmd += ["--owner-processes", f"{processes}"]
+    with cpu_group(f"owner-scale-{mode}-{owners}", MEMORY) as group:
+        dropped = cold and _drop_caches()
+        if group is not None:  # joins the group before it execs: every process it starts too
+            cmd = ["sh", "-c", f"echo $$ > {group / 'cgroup.procs'} && exec {shlex.join(cmd)}"]
+        sampler = GroupSampler(group) if group is not None else None
+        with sampler or contextlib.nullcontext():
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            raise SystemExit(f"owner_scale: {mode} K = {owners} failed:\n{proc.stderr[-3000:]}")
+        row: dict[str, Any] = json.loads(lines[-1])
+        if sampler is not None:
+            row["memory_cgroup_mb"] = sampler.result() | {"caches_dropped": dropped}
     return row
 
 
@@ -353,6 +407,11 @@ def main() -> None:
     parser.add_argument("--owners", type=int, nargs="+", default=[16, 64, 256, 1024])
     parser.add_argument("--modes", nargs="+", default=["inprocess", "ray"])
     parser.add_argument("--owner-processes", type=int, default=OWNER_PROCESSES)
+    parser.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="drop the page cache before each run (root): its file pages are charged to it",
+    )
     parser.add_argument("--child", nargs=2, metavar=("MODE", "K"), help=argparse.SUPPRESS)
     parser.add_argument("--plot", default=str(Path(__file__).with_name("owner_scale.png")))
     args = parser.parse_args()
@@ -370,11 +429,13 @@ def main() -> None:
         for k in args.owners:
             print(f"... {mode} K = {k} (load: {os.getloadavg()[0]:.2f})", file=sys.stderr)
             load = round(os.getloadavg()[0], 2)
-            rows.append(_child(mode, k, args.owner_processes) | {"load_before": load})
+            rows.append(
+                _child(mode, k, args.owner_processes, args.cold_cache) | {"load_before": load}
+            )
     header = f"{'mode':<10} {'K':>5} " + " ".join(f"{p:>9}" for p in PHASES)
     print(
         header + f" {'ms/epoch':>9} {'epochs':>6} {'cur MB':>7} {'own MB':>7} {'sum MB':>7}"
-        f" {'total s':>8}"
+        f" {'group MB':>8} {'total s':>8}"
     )
     for r in rows:
         ph = " ".join(f"{r['phase_seconds'][p]:>9.2f}" for p in PHASES)
@@ -382,6 +443,7 @@ def main() -> None:
         print(
             f"{r['mode']:<10} {r['owners']:>5} {ph} {r['ms_per_epoch']:>9.2f} {r['epochs']:>6} "
             f"{mem['curator']:>7.0f} {mem['owner']:>7.0f} {mem.get('sum', 0.0):>7.0f} "
+            f"{r.get('memory_cgroup_mb', {}).get('mapped_peak', float('nan')):>8.0f} "
             f"{r['seconds']:>8.1f}"
         )
     goals: dict[str, Any] = {}
@@ -396,6 +458,8 @@ def main() -> None:
         big = next(r for r in rows if r["mode"] == "ray" and r["owners"] == 1024)
         goals["ray_1024_seconds"] = big["seconds"]
         goals["ray_1024_peak_mb_total_sampled"] = big["peak_rss_mb"]
+        if "memory_cgroup_mb" in big:  # every process together, shared pages once
+            goals["ray_1024_memory_cgroup_mb"] = big["memory_cgroup_mb"]
     for name, value in goals.items():
         print(f"goal: {name} = {value}")
     if len(args.owners) > 1:
