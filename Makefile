@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo evaluate test check lint typecheck unit unit-fast unit-fast-behind unit-ray bench-quick clean
+.PHONY: demo evaluate test check lint typecheck unit unit-fast unit-ray bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -32,6 +32,7 @@ check: $(STAMP) lint typecheck unit-fast
 # worker at a time (module fixtures and the worker's shared local Ray are set up once per
 # file); JOBS=1 runs a part in one process, JOBS=auto one worker per core.
 JOBS ?= 2
+# the Ray part's workers (3 measured slower and flakier than 2: benchmarks/RESULTS.md)
 RAY_JOBS ?= $(JOBS)
 PYTEST := $(BIN)/python -m pytest -q --durations=25 --dist loadfile
 
@@ -41,20 +42,12 @@ PYTEST := $(BIN)/python -m pytest -q --durations=25 --dist loadfile
 # (what Ray and the runs leave behind in the pytest process accumulated under the later
 # tests). Their output is interleaved by whole lines; each prints its own summary. The sketch
 # kernels are compiled first, once (numba's cache), not by each owner process of both parts.
-# The rest runs niced behind the Ray part: the Ray part is the critical path (its tests wait on
-# processes and deadlines one step after another, each step slower when it has to share the
-# CPU), the rest has slack and takes the CPU the Ray part leaves idle.
 unit: $(STAMP)
 	$(BIN)/python -c "from dpmarket.actors.parties.owner import warm_kernels; warm_kernels()"
-	$(MAKE) --no-print-directory -j2 --output-sync=line unit-fast-behind unit-ray
-
-FAST := $(PYTEST) -n $(JOBS) -m "not ray"
+	$(MAKE) --no-print-directory -j2 --output-sync=line unit-fast unit-ray
 
 unit-fast: $(STAMP)
-	$(FAST)
-
-unit-fast-behind: $(STAMP)
-	nice -n 10 $(FAST)
+	$(PYTEST) -n $(JOBS) -m "not ray"
 
 unit-ray: $(STAMP)
 	$(PYTEST) -n $(RAY_JOBS) -m ray
