@@ -71,13 +71,21 @@ def _market(tmp_path: Path, cap: float) -> tuple[Path, list[Path]]:
 
 def _append_while(stop: threading.Event, files: list[Path], out: Path) -> None:
     """Once the first request has begun (its output folder exists), append 5 records to every
-    owner's file every 0.5 s (whole lines, one write each) until stopped or out of records."""
+    owner's file every 0.2 s (whole lines, one write each), at most 100 while the first request
+    runs; the rest once its report is written (so the second request's owners have more
+    whatever the machine's load), until stopped or out of records."""
     rests = [np.load(f.with_suffix(".rest.npy")) for f in files]
+    first_done = out / "requests" / "r1" / "report.json"
     started = False
     while not started and not stop.wait(0.05):
         started = (out / "requests").exists()
     at = 0
-    while not stop.wait(0.5) and at < min(len(r) for r in rests):
+    while not stop.wait(0.2) and at < min(len(r) for r in rests):
+        if at >= 100:  # the rest after the first request: wait for its report
+            while not first_done.exists() and not stop.wait(0.05):
+                pass
+            if stop.is_set():
+                return
         for f, rows in zip(files, rests, strict=True):
             text = "".join(",".join(f"{v:.6f}" for v in row) + "\n" for row in rows[at : at + 5])
             with f.open("a") as fh:
