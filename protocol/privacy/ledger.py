@@ -220,9 +220,9 @@ class MechanismEvent:
         )
 
     def pld(self, value_discretization_interval: float = 1e-4) -> _PLD:
-        """The PLD of all ``count`` occurrences (self-composition)."""
-        single = self.single_pld(value_discretization_interval)
-        return single if self.count == 1 else single.self_compose(self.count)
+        """The PLD of all ``count`` occurrences (self-composition); computed once per process
+        for equal losses (:func:`_event_pld`)."""
+        return _event_pld(self.accounted(), value_discretization_interval)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe description (parameters as a name -> value mapping). Built field by field:
@@ -424,6 +424,17 @@ class PrivacyLedger:
             events,
             float(data.get("value_discretization_interval", 1e-4)),
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _event_pld(event: MechanismEvent, vdi: float) -> _PLD:
+    """The PLD of ``event``'s ``count`` occurrences. A pure function of the event as the
+    accountant sees it (``MechanismEvent.accounted``), computed once per process: one release
+    is in the preflight's planned ledgers and in the run's, and a Gaussian's PLD at the default
+    discretisation takes about half a second. dp_accounting's PLDs are not changed by
+    composing or querying them (each returns a new object), so one may be shared."""
+    single = event.single_pld(vdi)
+    return single if event.count == 1 else single.self_compose(event.count)
 
 
 @functools.lru_cache(maxsize=512)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -352,3 +353,41 @@ def test_pld_epsilon_is_computed_once_for_equal_losses_and_counts_what_differs()
     for event in first.events:
         uncached.record(event)
     assert uncached.epsilon(1e-6, "pld") == pytest.approx(eps, rel=1e-3)  # another grid
+
+
+def test_an_event_in_two_different_ledgers_has_its_pld_computed_once_and_left_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A release in the preflight's planned ledger and in the run's (which differ by other
+    events) is turned into a PLD once per process; composing the shared PLD into one ledger's
+    total does not change another's: each epsilon equals the one computed with no sharing."""
+    from dpmarket.protocol.privacy import ledger as ledger_module
+
+    made: list[str] = []
+    single = MechanismEvent.single_pld
+
+    def counted(self: MechanismEvent, vdi: float = 1e-4) -> Any:
+        made.append(self.mechanism)
+        return single(self, vdi)
+
+    def ledgers() -> tuple[PrivacyLedger, PrivacyLedger]:
+        planned, ran = PrivacyLedger("owner-1"), PrivacyLedger("owner-1")
+        for held in (planned, ran):
+            held.gaussian(7.25, sensitivity=3.0, label="scan")  # the shared release
+        planned.laplace(40.0, label="summary (planned)")
+        ran.laplace(40.0, count=3, label="summary")
+        ran.gaussian(11.5, sensitivity=3.0, label="refresh")
+        return planned, ran
+
+    ledger_module._event_pld.cache_clear()
+    ledger_module._pld_epsilon.cache_clear()
+    monkeypatch.setattr(MechanismEvent, "single_pld", counted)
+    planned, ran = ledgers()
+    shared = (planned.epsilon(1e-6, "pld"), ran.epsilon(1e-6, "pld"), planned.epsilon(1e-5, "pld"))
+    assert made.count("gaussian") == 2 and made.count("laplace") == 2  # 7.25 once, 11.5 once
+    fresh = []
+    for delta, pick in ((1e-6, 0), (1e-6, 1), (1e-5, 0)):
+        ledger_module._event_pld.cache_clear()
+        ledger_module._pld_epsilon.cache_clear()
+        fresh.append(ledgers()[pick].epsilon(delta, "pld"))
+    assert shared == tuple(fresh)
