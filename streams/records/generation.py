@@ -14,6 +14,16 @@ them apart from the bytes, so the generation after the cut is *doubtful* while i
 it reads nothing, it is no evidence that a new file copying those bytes is "a copy in progress"
 of it, and a copy of the orphan appearing (copytruncate, which empties the file) makes it start
 over from 0. Once the orphan expired without a copy, the cut is taken as an in-place truncation.
+
+Copies. A new file is a copy of a generation when it starts with the generation's head and
+holds its mark just before its offset (or is shorter: a copy still being written). A file may
+look like a copy of several: an orphan emptied by copytruncate, and a live generation that has
+read only a torn first piece (``1`` of ``12,...``) that the orphan's head also begins with. It
+is taken for the copy of the one whose bytes it is known to repeat furthest (:func:`copied`:
+the head in common, or the offset once the mark matched), a live one on a tie: the torn
+piece's ``1`` explains one byte of the copy, the orphan's head and mark all of it up to the
+orphan's offset. The bytes cannot tell this from a new generation that repeats the orphan's
+bytes up to its offset and is copied while the orphan lives (tail.py, "Limits").
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from dataclasses import dataclass
 
 from dpmarket.streams.records.position import FileState
 
-__all__ = ["HEAD_BYTES", "MARK_BYTES", "ORPHAN", "Gen", "doubt_of", "prefix_match"]
+__all__ = ["HEAD_BYTES", "MARK_BYTES", "ORPHAN", "Gen", "copied", "doubt_of", "prefix_match"]
 
 HEAD_BYTES, MARK_BYTES = 256, 64
 ORPHAN = -1  # the device of an orphan in the state file (a generation kept for its copy)
@@ -68,6 +78,19 @@ class Gen:
 def prefix_match(a: bytes, b: bytes) -> bool:
     """Whether one of ``a`` and ``b`` starts with the other."""
     return a[: len(b)] == b[: len(a)]
+
+
+def copied(gen: Gen, head: bytes, size: int, mark: bytes) -> int:
+    """How far a file is known to repeat ``gen``'s bytes, 0 if it is no copy of ``gen`` (module
+    docstring, "Copies"). The file has ``size`` bytes, its first bytes are ``head`` (never
+    empty) and ``mark`` are its bytes just before ``gen.offset`` (unused if the file is shorter:
+    a copy still being written, known by its head alone)."""
+    if not gen.head or not prefix_match(head, gen.head):
+        return 0
+    known = min(len(head), len(gen.head))
+    if size < gen.offset:
+        return known
+    return max(known, gen.offset) if mark == gen.mark else 0
 
 
 def doubt_of(gen: Gen, orphans: Iterable[Gen]) -> Gen | None:

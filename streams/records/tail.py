@@ -15,7 +15,10 @@ orphan means it was emptied, and it is read from 0; see "Doubt" in
 :mod:`~dpmarket.streams.records.generation`). The replaced
 generation stays as an *orphan* for a while so that a copy of it (copytruncate: a new inode
 whose head and mark match) is adopted at the orphan's offset; a new inode matching a generation
-that is still live is a copy in progress and is left alone. A rename (``x.log -> x.log.1 ->
+that is still live is a copy in progress and is left alone; one matching several is the copy of
+the one whose bytes it is known to repeat furthest (a live generation that has read only a torn
+first piece, ``1`` of ``12,...``, is no match for the orphan whose head begins with it; see
+"Copies" in :mod:`~dpmarket.streams.records.generation`). A rename (``x.log -> x.log.1 ->
 x.log.2``, any number of times between two polls, or while no tailer ran) keeps the inode, so
 the file is found again under its new name and read to its end. A generation no longer at the
 path and idle for ``rotate_wait`` is finished: its partial last record is a ``truncated`` reject
@@ -38,6 +41,13 @@ first bytes, torn from their line, repeat the old head's) resumes at the next li
 that line never decoded as a record. Each of these counts as a gap (``gaps``; ``gap_bytes``:
 unread bytes known lost, 0 where the amount is unknown), reported in the owner's ingest
 status: a non-zero ``gaps`` says records may be missing, never that records were repeated.
+Two cases may repeat records. A new generation whose bytes repeat an orphan's up to the
+orphan's offset (its head and mark), copied while that orphan lives, is taken for the orphan's
+copy: its records past that offset may be delivered from the file and from the copy (with
+records that differ, as with unique ids or timestamps, this cannot happen). A known file, or an
+orphan's copy, that three consecutive listings missed (renamed, in each poll, between the
+directory read and its ``lstat``) is taken as gone (the orphan expires), and read from 0 when
+listed again.
 
 Delivery. Each batch carries the tailer's whole state (every file's fingerprint -> offset, see
 :mod:`~dpmarket.streams.records.position`). :meth:`FileTailer.commit` (after the consumer has
@@ -74,6 +84,7 @@ from dpmarket.streams.records.generation import (
     MARK_BYTES,
     ORPHAN,
     Gen,
+    copied,
     doubt_of,
     prefix_match,
 )
@@ -304,38 +315,38 @@ class FileTailer:
 
     def _new(self, key: tuple[int, int], fd: int, path: Path) -> bool:
         """A new inode: the copy of an orphan (adopted at its offset), a copy in progress of a
-        live generation (left alone), or a new file read from 0."""
+        live generation (left alone), or a new file read from 0; a file looking like a copy
+        of several is the copy of the one it repeats furthest (generation.py, "Copies")."""
         size = os.fstat(fd).st_size
         if size == 0:
             return False
         head = os.pread(fd, min(size, HEAD_BYTES), 0)
 
-        def copy_of(g: Gen) -> bool:
-            return (
-                bool(g.head)
-                and prefix_match(head, g.head)
-                and (size < g.offset or _mark(fd, g.offset) == g.mark)
-            )
+        def reach(g: Gen) -> int:
+            return copied(g, head, size, _mark(fd, g.offset) if size >= g.offset else b"")
 
-        live = [g for g in self._gens.values() if doubt_of(g, self._orphans) is None]
-        if any(copy_of(g) and g.read_offset > 0 for g in live):
+        live = [g for g in self._gens.values() if g.read_offset > 0]
+        made = max((reach(g) for g in live if doubt_of(g, self._orphans) is None), default=0)
+        reaches = [reach(o) for o in self._orphans]
+        best = max(reaches, default=0)
+        if made and made >= best:
             return False  # a copy of a live generation, being made
-        for orphan in self._orphans:
-            if copy_of(orphan):
-                if size < orphan.offset:
-                    return False  # the copy is still being written
-                self._orphans.remove(orphan)
-                if orphan.size > max(size, orphan.read_offset):  # written after the copy
-                    self.gaps += 1
-                    self.gap_bytes += orphan.size - max(size, orphan.read_offset)
-                for k, g in list(self._gens.items()):  # its file was emptied (copytruncate):
-                    if doubt_of(g, (orphan,)) is orphan:  # all the doubtful cut holds is new
-                        self._gens[k] = Gen(g.device, g.inode, b"", 0, source=g.source)
-                gen = replace(orphan, device=key[0], inode=key[1], source=str(path), size=size)
-                self._gens[key] = gen  # before any batch: its state must hold the copy
-                if size < gen.read_offset:  # the held partial is not in the copy
-                    self._finish(gen, "file truncated")
-                return self._read(gen, fd, size, head)
+        if best:
+            orphan = self._orphans[reaches.index(best)]
+            if size < orphan.offset:
+                return False  # the copy is still being written
+            self._orphans.remove(orphan)
+            if orphan.size > max(size, orphan.read_offset):  # written after the copy
+                self.gaps += 1
+                self.gap_bytes += orphan.size - max(size, orphan.read_offset)
+            for k, g in list(self._gens.items()):  # its file was emptied (copytruncate):
+                if doubt_of(g, (orphan,)) is orphan:  # all the doubtful cut holds is new
+                    self._gens[k] = Gen(g.device, g.inode, b"", 0, source=g.source)
+            gen = replace(orphan, device=key[0], inode=key[1], source=str(path), size=size)
+            self._gens[key] = gen  # before any batch: its state must hold the copy
+            if size < gen.read_offset:  # the held partial is not in the copy
+                self._finish(gen, "file truncated")
+            return self._read(gen, fd, size, head)
         gen = Gen(key[0], key[1], b"", 0, source=str(path))
         self._gens[key] = gen
         return self._read(gen, fd, size, head)

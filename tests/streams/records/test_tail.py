@@ -8,6 +8,7 @@ concurrently (a thread, or a coroutine interleaved with the tailer); every wait 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
@@ -316,6 +317,32 @@ async def test_kill_and_restart_delivers_every_record_exactly_once(tmp_path: Pat
     async with tail(path, state, chunk_size=512, fsync=True) as tailer:
         await take(tailer, 3000, sink)
     exactly_once(sink, range(3000))
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_next_loses_and_repeats_no_batch(tmp_path: Path) -> None:
+    """The chaos consumer times out ``anext`` (``asyncio.wait_for``), which cancels
+    ``__anext__`` where it waits. Cancelled after each number of its steps (before it ran,
+    with a batch ready, after a poll, in the sleep between polls), it either returned a batch
+    or took none: every record is taken exactly once."""
+    path = tmp_path / "a.csv"
+    (tmp_path / "a.csv.1").write_bytes(lines(0, 3))
+    path.write_bytes(lines(3, 5))  # one poll reads both files: a batch waits after the first
+    sink: list[int] = []
+    async with tail(path, tmp_path / "state", poll_interval=3600.0) as tailer:
+        for steps in range(6):
+            if steps % 2:
+                append(path, lines(5 + steps, 6 + steps))
+            task = asyncio.ensure_future(anext(tailer))
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):  # or it returned a batch
+                sink += ids(await task)
+        while len(sink) < 8:  # 0..4, 6, 8, 10; a lost batch never comes (the wait fails)
+            sink += ids(await asyncio.wait_for(anext(tailer), 10))
+        assert not tailer._ready
+    assert sorted(sink) == [0, 1, 2, 3, 4, 6, 8, 10]
 
 
 @pytest.mark.asyncio

@@ -232,3 +232,64 @@ async def test_lines_appended_after_a_rotated_files_partial_was_rejected_are_rea
         taken = await poll(tailer, 3)
         assert [i for i, _, _ in taken] == [7, 8]
         assert tailer.gaps == 0
+
+
+@pytest.mark.asyncio
+async def test_copy_of_an_orphan_is_not_taken_for_a_copy_of_a_torn_first_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A way to the chaos test's duplicate (seed 7: record 1 taken twice, both committed). The
+    writer copytruncates after a poll listed the directory and before it looked at x.log: that poll
+    sees x.log emptied (its generation, 1..11, an orphan) but not the copy. The next record,
+    12, is written in two pieces; the next polls see x.log holding "1" beside the copy of
+    1..11, which also starts with "1". A live generation that holds nothing but that torn
+    piece is no evidence that the copy is a copy of it being made (the orphan's head and mark
+    are much more): the copy is adopted at the orphan's offset, 1..11 never again."""
+    path = tmp_path / "x.log"
+    path.write_bytes(lines(range(1, 12)))
+    tailer = FileTailer(path, CsvDecoder(SCHEMA), tmp_path / "state", pattern="x.log*",
+                        fsync=False)  # fmt: skip
+    real_stat, fired = os.stat, []
+
+    def stat(name: str | Path | int, *, follow_symlinks: bool = True) -> os.stat_result:
+        if name == path and not fired:  # the poll's look at x.log, after its listing
+            fired.append(True)
+            shutil.copyfile(path, tmp_path / "x.log.1")
+            os.truncate(path, 0)
+        return real_stat(name, follow_symlinks=follow_symlinks)
+
+    async with tailer:
+        assert [i for i, _, _ in await poll(tailer)] == list(range(1, 12))
+        monkeypatch.setattr(os, "stat", stat)
+        taken = await poll(tailer)
+        monkeypatch.undo()
+        assert fired
+        append(path, b"1")  # the torn first piece of "12,12.5\n", slow to be completed
+        taken += await poll(tailer, 4)
+        append(path, b"2,12.5\n")
+        taken += await poll(tailer, 4)
+    assert taken == [(12, 0, "x.log")]
+
+
+@pytest.mark.asyncio
+async def test_a_copy_is_taken_for_the_generation_it_repeats_furthest(tmp_path: Path) -> None:
+    """A file emptied while its first line was torn ("1" of 15) leaves an orphan that only
+    knows "1"; the next generation (17, 18) starts with "1" too and is copytruncated while
+    that orphan lives. The copy, also starting with "1", is a copy of the live generation
+    being made (left alone), then of its orphan (adopted at 16), never of the torn orphan
+    (adopted at 0: 17 and 18 again)."""
+    path = tmp_path / "x.log"
+    path.write_bytes(b"1")
+    tailer = FileTailer(path, CsvDecoder(SCHEMA), tmp_path / "state", pattern="x.log*",
+                        fsync=False)  # fmt: skip
+    async with tailer:
+        taken = await poll(tailer)  # "1" held
+        os.truncate(path, 0)
+        taken += await poll(tailer)  # emptied: the generation holding "1" is an orphan
+        append(path, lines(range(17, 19)))
+        taken += await poll(tailer)
+        shutil.copyfile(path, tmp_path / "x.log.1")
+        taken += await poll(tailer)  # the copy is being made: x.log not yet emptied
+        os.truncate(path, 0)
+        taken += await poll(tailer, 4)
+    assert taken == [(17, 0, "x.log"), (18, 8, "x.log")]
