@@ -19,8 +19,9 @@ Copies. A new file is a copy of a generation when it starts with the generation'
 holds its mark just before its offset (or is shorter: a copy still being written). A file may
 look like a copy of several: an orphan emptied by copytruncate, and a live generation that has
 read only a torn first piece (``1`` of ``12,...``) that the orphan's head also begins with. It
-is taken for the copy of the one whose bytes it is known to repeat furthest (:func:`copied`:
-the head in common, or the offset once the mark matched), a live one on a tie: the torn
+is taken for the copy of the one whose bytes it may repeat furthest by what is checked
+(:func:`copied`: the head in common, the offset once the mark matched, the file's size for a
+copy still shorter than the offset), a live one on a tie: the torn
 piece's ``1`` explains one byte of the copy, the orphan's head and mark all of it up to the
 orphan's offset. The bytes cannot tell this from a new generation that repeats the orphan's
 bytes up to its offset and is copied while the orphan lives (tail.py, "Limits").
@@ -81,15 +82,17 @@ def prefix_match(a: bytes, b: bytes) -> bool:
 
 
 def copied(gen: Gen, head: bytes, size: int, mark: bytes) -> int:
-    """How far a file is known to repeat ``gen``'s bytes, 0 if it is no copy of ``gen`` (module
-    docstring, "Copies"). The file has ``size`` bytes, its first bytes are ``head`` (never
-    empty) and ``mark`` are its bytes just before ``gen.offset`` (unused if the file is shorter:
-    a copy still being written, known by its head alone)."""
+    """How far a file may repeat ``gen``'s bytes by what is checked (its head, and the mark
+    before ``gen``'s offset), 0 if it is no copy of ``gen`` (module docstring, "Copies"). The
+    file has ``size`` bytes, its first bytes are ``head`` (never empty) and ``mark`` are its
+    bytes just before ``gen.offset`` (unused if the file is shorter: a copy of ``gen`` still
+    being written reaches as far as the file, so a live generation read past an orphan's
+    offset keeps its copy in progress rather than losing it to that orphan)."""
     if not gen.head or not prefix_match(head, gen.head):
         return 0
     known = min(len(head), len(gen.head))
-    if size < gen.offset:
-        return known
+    if size < gen.offset:  # as far as it goes: a copy of ``gen`` still being written
+        return max(known, size)
     return max(known, gen.offset) if mark == gen.mark else 0
 
 

@@ -16,7 +16,7 @@ orphan means it was emptied, and it is read from 0; see "Doubt" in
 generation stays as an *orphan* for a while so that a copy of it (copytruncate: a new inode
 whose head and mark match) is adopted at the orphan's offset; a new inode matching a generation
 that is still live is a copy in progress and is left alone; one matching several is the copy of
-the one whose bytes it is known to repeat furthest (a live generation that has read only a torn
+the one whose bytes it may repeat furthest (a live generation that has read only a torn
 first piece, ``1`` of ``12,...``, is no match for the orphan whose head begins with it; see
 "Copies" in :mod:`~dpmarket.streams.records.generation`). A rename (``x.log -> x.log.1 ->
 x.log.2``, any number of times between two polls, or while no tailer ran) keeps the inode, so
@@ -43,8 +43,9 @@ unread bytes known lost, 0 where the amount is unknown), reported in the owner's
 status: a non-zero ``gaps`` says records may be missing, never that records were repeated.
 Two cases may repeat records. A new generation whose bytes repeat an orphan's up to the
 orphan's offset (its head and mark), copied while that orphan lives, is taken for the orphan's
-copy: its records past that offset may be delivered from the file and from the copy (with
-records that differ, as with unique ids or timestamps, this cannot happen). A known file, or an
+copy: its records past that offset may be delivered from the file and from the copy. (Only
+the head and the 64 bytes before the offset are compared, so records that differ, as with
+unique ids, make this unlikely, not impossible.) A known file, or an
 orphan's copy, that three consecutive listings missed (renamed, in each poll, between the
 directory read and its ``lstat``) is taken as gone (the orphan expires), and read from 0 when
 listed again.

@@ -293,3 +293,39 @@ async def test_a_copy_is_taken_for_the_generation_it_repeats_furthest(tmp_path: 
         os.truncate(path, 0)
         taken += await poll(tailer, 4)
     assert taken == [(17, 0, "x.log"), (18, 8, "x.log")]
+
+
+@pytest.mark.asyncio
+async def test_a_copy_in_progress_of_a_generation_read_past_an_orphans_offset_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    """A file cut in place at its read offset (past the 256 bytes of its head) while a partial
+    line past it was held: the generation before the cut is an orphan at the cut (its mark
+    still matches), the one after it reads on from there. Records appended, then a
+    copytruncate seen while the copy holds only part of the file (more than the orphan's
+    offset, less than the live generation's): the copy is the live generation's, being made,
+    not the orphan's (adopting it at the cut would deliver the records past it again); once
+    the file is emptied it is adopted at the live generation's offset. Every record is taken
+    once."""
+    path = tmp_path / "x.log"
+    head = lines(range(100, 160)) + lines(range(1000, 1013))
+    cut = len(head)
+    assert cut > 256
+    path.write_bytes(head + b"1013,4")  # a partial line past the read offset
+    tailer = FileTailer(path, CsvDecoder(SCHEMA), tmp_path / "state", pattern="x.log*",
+                        fsync=False)  # fmt: skip
+    async with tailer:
+        taken = await poll(tailer)
+        os.truncate(path, cut)  # the held partial "1013,4" cut off
+        taken += await poll(tailer)
+        append(path, lines(range(2000, 2140)))
+        taken += await poll(tailer, 2)
+        size = path.stat().st_size
+        (tmp_path / "x.log.1").write_bytes(path.read_bytes()[: cut + 400])  # the copy, partly
+        taken += await poll(tailer)
+        shutil.copyfile(path, tmp_path / "x.log.1")  # the copy done, the file emptied
+        os.truncate(path, 0)
+        taken += await poll(tailer, 5)
+    ids = [i for i, _, _ in taken]
+    assert size > cut + 400 and len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1]
+    assert ids == [*range(100, 160), *range(1000, 1013), *range(2000, 2140)]
