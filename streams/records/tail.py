@@ -343,6 +343,10 @@ class FileTailer:
             for k, g in list(self._gens.items()):  # its file was emptied (copytruncate):
                 if doubt_of(g, (orphan,)) is orphan:  # all the doubtful cut holds is new
                     self._gens[k] = Gen(g.device, g.inode, b"", 0, source=g.source)
+            for i, o in enumerate(self._orphans):  # so is that of a doubtful cut orphaned
+                if doubt_of(o, (orphan,)) is orphan:  # since: no copy is a copy of its bytes
+                    self._orphans[i] = Gen(o.device, o.inode, b"", 0, source=o.source)
+                    self._orphans[i].orphaned = o.orphaned
             gen = replace(orphan, device=key[0], inode=key[1], source=str(path), size=size)
             self._gens[key] = gen  # before any batch: its state must hold the copy
             if size < gen.read_offset:  # the held partial is not in the copy
