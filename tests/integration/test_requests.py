@@ -81,10 +81,8 @@ def _append_while(stop: threading.Event, files: list[Path], out: Path) -> None:
         started = (out / "requests").exists()
     at = 0
     while not stop.wait(0.2) and at < min(len(r) for r in rests):
-        if at >= 100:  # the rest after the first request: wait for its report
-            while not first_done.exists() and not stop.wait(0.05):
-                pass
-            if stop.is_set():
+        while at >= 100 and not first_done.exists():  # the rest after the first request
+            if stop.wait(0.05):
                 return
         for f, rows in zip(files, rests, strict=True):
             text = "".join(",".join(f"{v:.6f}" for v in row) + "\n" for row in rows[at : at + 5])

@@ -30,6 +30,26 @@ def append(path: Path, data: bytes) -> None:
         handle.write(data)
 
 
+def copytruncate_after_listing(
+    monkeypatch: pytest.MonkeyPatch, path: Path, then: bytes = b""
+) -> list[bool]:
+    """At the next poll's look at ``path`` (``os.stat``, after it listed the directory):
+    copy it to ``x.log.1``, empty it and write ``then``, so that poll sees the file emptied
+    but not the copy. Returns a list that holds True once that happened."""
+    real_stat, fired = os.stat, []
+
+    def stat(name: str | Path | int, *, follow_symlinks: bool = True) -> os.stat_result:
+        if name == path and not fired:
+            fired.append(True)
+            shutil.copyfile(path, path.with_name("x.log.1"))
+            os.truncate(path, 0)
+            append(path, then)
+        return real_stat(name, follow_symlinks=follow_symlinks)
+
+    monkeypatch.setattr(os, "stat", stat)
+    return fired
+
+
 async def poll(tailer: FileTailer, polls: int = 1) -> list[tuple[int, int, str]]:
     """``polls`` scans; every batch is taken and committed; (id, offset, file name) each."""
     taken: list[tuple[int, int, str]] = []
@@ -249,18 +269,9 @@ async def test_copy_of_an_orphan_is_not_taken_for_a_copy_of_a_torn_first_line(
     path.write_bytes(lines(range(1, 12)))
     tailer = FileTailer(path, CsvDecoder(SCHEMA), tmp_path / "state", pattern="x.log*",
                         fsync=False)  # fmt: skip
-    real_stat, fired = os.stat, []
-
-    def stat(name: str | Path | int, *, follow_symlinks: bool = True) -> os.stat_result:
-        if name == path and not fired:  # the poll's look at x.log, after its listing
-            fired.append(True)
-            shutil.copyfile(path, tmp_path / "x.log.1")
-            os.truncate(path, 0)
-        return real_stat(name, follow_symlinks=follow_symlinks)
-
     async with tailer:
         assert [i for i, _, _ in await poll(tailer)] == list(range(1, 12))
-        monkeypatch.setattr(os, "stat", stat)
+        fired = copytruncate_after_listing(monkeypatch, path)
         taken = await poll(tailer)
         monkeypatch.undo()
         assert fired
@@ -345,19 +356,10 @@ async def test_a_doubtful_cut_orphaned_before_its_copy_is_not_taken_for_the_next
     path.write_bytes(lines(range(1, 12)))
     tailer = FileTailer(path, CsvDecoder(SCHEMA), tmp_path / "state", pattern="x.log*",
                         fsync=False)  # fmt: skip
-    real_stat, fired = os.stat, []
-
-    def stat(name: str | Path | int, *, follow_symlinks: bool = True) -> os.stat_result:
-        if name == path and not fired:  # the poll's look at x.log, after its listing
-            fired.append(True)
-            shutil.copyfile(path, tmp_path / "x.log.1")
-            os.truncate(path, 0)
-            append(path, b"1")  # the torn first piece of "12,12.5\n"
-        return real_stat(name, follow_symlinks=follow_symlinks)
-
     async with tailer:
         taken = await poll(tailer)
-        monkeypatch.setattr(os, "stat", stat)
+        # then the torn first piece of "12,12.5\n"
+        fired = copytruncate_after_listing(monkeypatch, path, b"1")
         taken += await poll(tailer)
         monkeypatch.undo()
         assert fired
