@@ -40,7 +40,7 @@ from dpmarket.protocol.securesum.aggregator import Aggregator
 from dpmarket.protocol.securesum.node import owner_attestation
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundResult, RoundSpec
 from dpmarket.protocol.summary.snr import moments_sensitivity  # one formula, also pre-run
-from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
+from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode, recipient
 from dpmarket.protocol.wire.errors import RemoteProtocolError
 
 __all__ = [
@@ -115,7 +115,7 @@ class DcaHub:
             by_recipient: dict[str, list[bytes]] = {}
             for frame in pending:
                 try:
-                    to = decode(frame).recipient
+                    to = recipient(frame)  # the relay reads the envelope only
                 except RemoteProtocolError as exc:
                     self.errors.append(str(exc))
                     continue

@@ -18,6 +18,7 @@ the run simulates a colluder).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from dpmarket.protocol.securesum.client import Client
 from dpmarket.protocol.securesum.plan import RoundAllowance, SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.wire.codec import Message
-from dpmarket.streams.race.lsh import make_family
+from dpmarket.streams.race.lsh import LshFamily, make_family
 from dpmarket.streams.race.sketch import RaceSketch
 
 __all__ = ["OperatorTrust", "OwnerSecureSum", "gated_contribute"]
@@ -189,20 +190,25 @@ def contribution(
         start = sketched.get(base, 0) if base is not None else 0
     sketched[spec.round] = len(X)
     X = X[start:] if live is None else X[start:][live[start:]]
-    sketch = RaceSketch(
-        make_family(
-            options["family"],
-            X.shape[1],
-            int(options["rows"]),
-            int(options["seed"]),
-            bandwidth=float(options["bandwidth"]),
-        ),
-        int(options["width"]),
-        backend=backend,
+    family = _family(
+        str(options["family"]),
+        X.shape[1],
+        int(options["rows"]),
+        int(options["seed"]),
+        float(options["bandwidth"]),
     )
+    sketch = RaceSketch(family, int(options["width"]), backend=backend)
     if len(X):
         sketch.update(X.astype(np.float32))
     return sketch.counter_vector().astype(np.float64)
+
+
+@functools.lru_cache(maxsize=8)
+def _family(name: str, dim: int, rows: int, seed: int, bandwidth: float) -> LshFamily:
+    """The hash functions of a round's public sketch options, drawn once per process: the
+    owners of a host share them (an ``LshFamily`` is immutable, and its draws follow from
+    these public values alone)."""
+    return make_family(name, dim, rows, seed, bandwidth=bandwidth)
 
 
 def gated_contribute(

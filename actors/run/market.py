@@ -50,6 +50,7 @@ from dpmarket.actors.run.phases import (
     SecurePrep,
     prepare_secure,
     secure_phases,
+    spawn_local_nodes,
     standardize,
     summarise,
 )
@@ -136,6 +137,8 @@ def _drive(
             budgets=owner_gates(config, run_plan.params, ledger_run),
             remote=remote.owners if remote is not None else None,
         )
+        # started now, their start-up beside the owners': the owners' keys follow, from here
+        market.compute_nodes = spawn_local_nodes(prep, market.run_id)
         if remote is not None:
             market.remote_nodes = dict(remote.nodes)
             offer_purchase(remote, config, run_plan.params, prep, inputs.schema, ledger_run)

@@ -41,6 +41,7 @@ __all__ = [
     "progress",
     "respawn_curator",
     "secure_phases",
+    "spawn_local_nodes",
     "standardisation_of",
     "standardize",
     "summarise",
@@ -307,16 +308,36 @@ def gather_alive(calls: list[Any]) -> list[Any]:
     return out
 
 
+def spawn_local_nodes(prep: SecurePrep | None, run_id: str) -> dict[str, Any]:
+    """The local compute nodes' actors, asked for with the owners' (their start-up overlaps
+    the owners' and the ingest): each gets its private key (made in :func:`prepare_secure`)
+    now, and the owners' keys and the round plan later, once, from the driver
+    (:func:`spawn_nodes`, ``ComputeNodeHost.begin``), before the curator holds any handle of
+    them. Until then a node takes part in nothing. None of them without a session (``prep``
+    None) or where every node is remote."""
+    from dpmarket.actors.parties.ray_actors import ComputeNodeActor
+
+    if prep is None:
+        return {}
+    return {
+        name: ComputeNodeActor.options(**actor_options(run_id, name)).remote(
+            prep.config, name, prep.node_keys[name], await_session=True
+        )
+        for name in prep.config.nodes
+        if name in prep.node_keys
+    }
+
+
 def spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
-    """Each compute node's actor gets its private key (made in :func:`prepare_secure`) and the
-    owners' public keys, which the operator asks the owners for directly (never through the
-    curator): a registration under another key is refused at the node; and the round plan,
-    so a node opens no round below the plan's sigma floor or beyond its count."""
+    """Each local compute node's actor (spawned with the owners, :func:`spawn_local_nodes`,
+    or now) gets the owners' public keys, which the operator asks the owners for directly
+    (never through the curator): a registration under another key is refused at the node;
+    and the round plan, so a node opens no round below the plan's sigma floor or beyond its
+    count. Remote nodes get the same in their ``begin``, with each remote owner's proof."""
 
     import ray
 
     from dpmarket.actors.cluster.placement import preflight_owners
-    from dpmarket.actors.parties.ray_actors import ComputeNodeActor
     from dpmarket.protocol.securesum.sealing import generate_keypair
 
     owners, dca = market.owners, prep.config
@@ -336,14 +357,10 @@ def spawn_nodes(prep: SecurePrep, market: RayMarket) -> dict[str, Any]:
         o: key if key is not None else generate_keypair()[1]
         for o, key in zip(dca.clients, publics, strict=True)
     }
-    nodes = {
-        name: ComputeNodeActor.options(**actor_options(market.run_id, name)).remote(
-            dca, name, prep.node_keys[name], client_keys, prep.trust.plan
-        )
-        for name in dca.nodes
-        if name in prep.node_keys
-    }
+    nodes = {n: h for n, h in market.compute_nodes.items() if not is_remote(h)}
+    nodes = nodes or spawn_local_nodes(prep, market.run_id)
     preflight_owners(nodes, {}, {})  # each runs the driver's dpmarket, or refused by name
+    ray.get([h.begin.remote(client_keys, prep.trust.plan) for h in nodes.values()])
     for name, handle in market.remote_nodes.items():  # its own key; the session, keys, plan
         try:
             ray.get(handle.begin.remote(dca, client_keys, prep.trust.plan, proofs))

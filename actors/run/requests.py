@@ -57,7 +57,7 @@ from dpmarket.actors.run.outcome import (
     MarketOutcome,
     market_outcome,
 )
-from dpmarket.actors.run.phases import gather_alive, prepare_secure
+from dpmarket.actors.run.phases import gather_alive, prepare_secure, spawn_local_nodes
 from dpmarket.actors.run.preflight import RunPlan, plan_run
 from dpmarket.actors.run.remote import RemoteParties, finish_remote, offer_purchase, start_remote
 from dpmarket.actors.run.spawn import RayMarket, curator_spawner, spawn_owners, unique_actors
@@ -279,6 +279,7 @@ def _one_request(
         if inputs.files is not None:
             wait_for_ingest(owners)  # every owner has read its files to their current end
         market = RayMarket(owners, spawn(None), spawn, run_id=config.name)
+        market.compute_nodes = spawn_local_nodes(prep, config.name)  # beside the curator's
         if remote is not None:
             market.remote_nodes = dict(remote.nodes)
         try:

@@ -91,6 +91,7 @@ __all__ = [
     "decode",
     "encode",
     "encode_all",
+    "recipient",
     "register",
 ]
 
@@ -375,6 +376,41 @@ def _body_values(kind: str, raw_body: object) -> dict[str, object]:
         ):
             raise RemoteProtocolError(f"{f.label}: missing")
     return values
+
+
+def recipient(data: bytes | bytearray | memoryview) -> str:
+    """The envelope's ``to`` of a frame, read without building its body: what a relay needs to
+    forward it (actors/parties/dca.py). The frame's limits are checked as by :func:`decode` and
+    the envelope must be a map whose ``to`` is a string; nothing else is validated here: the
+    recipient decodes the whole frame and refuses what is wrong. Raises
+    :class:`RemoteProtocolError` naming the problem, nothing else."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise RemoteProtocolError(f"frame: expected bytes, got {type(data).__name__}")
+    size = memoryview(data).nbytes
+    if size > MAX_FRAME_BYTES:
+        raise RemoteProtocolError(f"frame: {size} bytes exceeds {MAX_FRAME_BYTES}")
+    frame = data if isinstance(data, bytes) else bytes(data)
+    scan_frame(frame)
+    unpacker = msgpack.Unpacker(
+        raw=False, strict_map_key=True, ext_hook=_refuse_ext, max_buffer_size=max(size, 1),
+        **unpack_options(size),
+    )  # fmt: skip
+    try:
+        unpacker.feed(frame)
+        for _ in range(unpacker.read_map_header()):
+            if unpacker.unpack() != "to":
+                unpacker.skip()
+                continue
+            to = unpacker.unpack()
+            if not isinstance(to, str):
+                raise RemoteProtocolError(f"to: expected a string, got {show(to)}")
+            return to
+    except RemoteProtocolError:
+        raise
+    except Exception as exc:  # msgpack raises many types for garbage; all mean the same
+        reason = type(exc).__name__
+        raise RemoteProtocolError(f"frame: not a valid msgpack frame ({reason})") from None
+    raise RemoteProtocolError("envelope: missing ['to']")
 
 
 def decode(data: bytes | bytearray | memoryview, guard: ReplayGuard | None = None) -> Message:

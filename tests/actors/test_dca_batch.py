@@ -103,6 +103,7 @@ class _Market:
             handle = _Handle(host)  # one per host, as co-located owners share their actor's
             self.handles.update((o, handle) for o in group)
         self.swap: tuple[str, ...] = options.get("swap", ())
+        self.early: bool = options.get("early", False)
 
     async def start(self) -> DcaHub:
         """Pin the owners' keys at the nodes (the operator asks each owner directly) and set
@@ -111,10 +112,18 @@ class _Market:
         if self.swap:
             a, b = self.swap
             keys[a], keys[b] = keys[b], keys[a]
-        self.nodes = {
-            n: _Node(self.config, n, private.private_bytes_raw(), keys, self.plan)
-            for n, (private, _) in self.node_keys.items()
-        }
+        if self.early:  # spawned with the owners, before their keys: begun by the operator
+            self.nodes = {
+                n: _Node(self.config, n, private.private_bytes_raw(), await_session=True)
+                for n, (private, _) in self.node_keys.items()
+            }
+            for node in self.nodes.values():
+                assert await node.begin(keys, self.plan) == {"ready": True}
+        else:
+            self.nodes = {
+                n: _Node(self.config, n, private.private_bytes_raw(), keys, self.plan)
+                for n, (private, _) in self.node_keys.items()
+            }
         node_handles = {n: _Handle(node) for n, node in self.nodes.items()}
         ticks = itertools.count(0.0, 5.0)  # simulated time: a round with an absent owner
         # closes at its deadline after a few of the hub's polls, not a minute later
@@ -291,3 +300,41 @@ async def test_a_batch_leaves_the_kernels_thread_count_as_it_found_it() -> None:
     await market.normalise()
     await market.scan()
     assert market.hub.absent[1] == ["owner-1"] and numba.get_num_threads() == before
+
+
+async def test_a_node_spawned_before_the_owners_keys_takes_part_only_once_begun() -> None:
+    """A local node spawned with the owners (actors/run/phases.py ``spawn_local_nodes``) holds
+    the operator's key (the pinned one) but no session: it handles no frame, tick or
+    attestation before the operator's ``begin``; begun, its session releases bit for bit what
+    a node built with the keys releases."""
+    config = _Market([OWNERS]).config
+    private, public = generate_keypair()
+    waiting = ComputeNodeHost(config, "compute-1", private.private_bytes_raw(), await_session=True)
+    assert await waiting.public_key() == public  # what the owners pinned, before any session
+    for call in (waiting.handle([b"x"]), waiting.tick(0.0), waiting.attest()):
+        with pytest.raises(RuntimeError, match="compute-1: no secure-sum session has begun"):
+            await call
+    assert await waiting.status() == {"registered": 0, "errors": []}
+    with pytest.raises(ValueError, match="compute-2: a node awaiting its session needs"):
+        ComputeNodeHost(config, "compute-2", await_session=True)
+    early, built = _Market([OWNERS[:3], OWNERS[3:]], early=True), _Market([OWNERS[:3], OWNERS[3:]])
+    got, want = await early.normalise(), await built.normalise()
+    assert got.released and got.value is not None and want.value is not None
+    np.testing.assert_array_equal(got.value, want.value)
+
+
+async def test_whoever_holds_a_begun_nodes_handle_cannot_swap_an_owners_key() -> None:
+    """Adversary view of the curator, which relays through the nodes' handles once the
+    operator has begun them: it calls ``begin`` again with a key of its own under owner-0's
+    name (to register as owner-0 and read its share). Refused; the node still pins owner-0's
+    own key: the session stands and owner-0 is released with its own share."""
+    market = _Market([OWNERS], early=True)
+    await market.start()
+    _, mine = generate_keypair()
+    keys = {o: await market.handles[o].target.dca_identity(o) for o in OWNERS}
+    for node in market.nodes.values():
+        with pytest.raises(RuntimeError, match="holds its session's owners' keys already"):
+            await node.begin(keys | {"owner-0": mine}, market.plan)
+    assert market.hub.unready == {}
+    result = await market.hub.round(market.plan.spec("normalise", 1), "moments", MOMENTS, 60.0)
+    assert result.released and "owner-0" in result.included

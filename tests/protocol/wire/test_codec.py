@@ -45,6 +45,7 @@ from dpmarket.protocol.wire.codec import (
     decode,
     encode,
     encode_all,
+    recipient,
     register,
 )
 from dpmarket.protocol.wire.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
@@ -102,11 +103,18 @@ def pack(obj: object) -> bytes:
 
 
 def check_invariant(frame: bytes) -> None:
-    """The fuzz invariant; an accepted frame must also survive encode -> decode unchanged."""
+    """The fuzz invariant; an accepted frame must also survive encode -> decode unchanged, and
+    the relay's :func:`recipient` raises nothing but RemoteProtocolError and, on a frame the
+    decoder accepts, names the decoded recipient."""
+    try:
+        to: str | None = recipient(frame)
+    except RemoteProtocolError:
+        to = None
     try:
         msg = decode(frame)
     except RemoteProtocolError:
         return
+    assert to == msg.recipient
     assert_same(decode(encode(msg)), msg)
 
 
@@ -501,6 +509,34 @@ def test_frame_level_refusals() -> None:
     refused(ext, r"^frame: not a valid msgpack frame")
     with pytest.raises(RemoteProtocolError, match=r"^frame: expected bytes, got str"):
         decode("not bytes")  # type: ignore[arg-type]
+
+
+def test_recipient_reads_the_envelope_alone_and_refuses_by_name() -> None:
+    """What a relay reads of a frame it forwards: its ``to``, for every example kind and for
+    bytearray and memoryview input; the frame limits are checked as by decode, and a frame
+    without a string ``to`` is refused by name (the body is not read: its recipient decodes
+    it and refuses what is wrong)."""
+    for body in EXAMPLES:
+        msg = make(body)
+        data = encode(msg)
+        assert recipient(data) == recipient(bytearray(data)) == msg.recipient
+        assert recipient(memoryview(data)) == msg.recipient
+    with pytest.raises(RemoteProtocolError, match=rf"^frame: {MAX_FRAME_BYTES + 1} bytes"):
+        recipient(b"\x00" * (MAX_FRAME_BYTES + 1))
+    for bad, match in [
+        (b"", r"^frame: not a valid msgpack frame"),
+        (SEED_FRAMES[0] + b"\x00", r"^frame: not a valid msgpack frame \(ExtraData\)"),
+        (pack([1, 2]), r"^frame: not a valid msgpack frame"),
+        (pack({"v": 1, "kind": "x"}), r"^envelope: missing \['to'\]"),
+        (pack({"to": 7, "body": {}}), r"^to: expected a string, got 7"),
+        (pack({"a": [[[[[[[[[[1]]]]]]]]]], "to": "n"}), r"^frame: containers nested deeper"),
+    ]:
+        with pytest.raises(RemoteProtocolError, match=match):
+            recipient(bad)
+    with pytest.raises(RemoteProtocolError, match=r"^frame: expected bytes, got str"):
+        recipient("not bytes")  # type: ignore[arg-type]
+    # a body the decoder refuses still names its recipient: the recipient refuses it
+    assert recipient(pack({"to": "compute-1", "body": "garbage"})) == "compute-1"
 
 
 def test_decode_accepts_bytearray_and_memoryview() -> None:
