@@ -13,12 +13,13 @@ noise (``reproducible_noise``: a benchmark, nothing private). Two modes:
   ``--owner-processes`` sets another count).
 
 Phases (seconds, wall clock): ``spawn`` (in-process: the parties constructed; Ray: connecting,
-the compute-node keys, the owner and curator actors asked for), ``ingest`` (in-process: the
-records generated; Ray: until every actor process has started, holds its owners' records and
-answered the on-node check),
-``normalise`` and ``scan`` (the two secure-sum rounds; Ray: normalise with the compute nodes'
-spawn, the owners' kernel warm-up and the session set-up, each also timed alone in
-``secure_seconds``: ``secure_nodes``, ``kernels``, ``secure_setup``, ``normalise_round``),
+the compute-node keys, the owner, curator and local compute-node actors asked for),
+``ingest`` (in-process: the records generated; Ray: until every owner actor process has
+started, holds its owners' records and answered the on-node check; the compute nodes start
+beside them), ``normalise`` and ``scan`` (the two secure-sum rounds; Ray: normalise with the
+owners' keys handed to the nodes, the owners' kernel warm-up and the session set-up, each
+also timed alone in ``secure_seconds``: ``secure_nodes``, ``kernels``, ``secure_setup``,
+``normalise_round``),
 ``epochs`` (the curator's run: setup, every epoch, the finish), ``report`` (in-process: each
 owner's ledger accounted by PLD, as report.json does; Ray: the outputs and reports written).
 ``ms_per_epoch`` is ``epochs`` over the epochs run. ``peak_rss_mb``: the peak resident memory
@@ -26,7 +27,9 @@ owner's ledger accounted by PLD, as report.json does; Ray: the outputs and repor
 one process, whose data generation is included; Ray: sampled every 0.5 s from /proc under the
 benchmark's own process tree, with ``sum`` over the market's actor processes and ``sum_all``
 with the driver and Ray's own processes: ``TreeSampler.result``; a sum of per-process peaks,
-each counting every shared page it maps: Ray's object store, libraries). ``memory_cgroup_mb``:
+each counting every shared page it maps: Ray's object store, libraries; and ``pss_sum_all``,
+the highest sum at one sample of every process's proportional set size, each page counted
+once). ``memory_cgroup_mb``:
 every process of the run together, each page once, from the memory cgroup the run is started
 in where this machine allows one (``GroupSampler``); ``--cold-cache`` drops the page cache
 first so the libraries' pages are charged to the run.
@@ -131,16 +134,30 @@ def peak_rss_mb(pid: int | str = "self") -> float:
     return 0.0
 
 
+def pss_mb(pid: int) -> float:
+    """A process's proportional set size in MiB (each page it maps divided by the number of
+    processes mapping it, so summing it over processes counts every page once); 0 when gone."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return 0.0
+    return 0.0
+
+
 class TreeSampler:
     """Samples the peak memory of the Ray worker processes under this process (curator and
     owner actors by their process titles) every ``period`` seconds, keeping each one's
-    highest VmHWM (a monotone counter: only growth in a process's last ``period`` is missed)."""
+    highest VmHWM (a monotone counter: only growth in a process's last ``period`` is missed),
+    and the highest sum over every process of their proportional set sizes at one sample."""
 
     def __init__(self, period: float = 0.5) -> None:
         self.period = period
         self.peaks: dict[str, dict[int, float]] = {
             "curator": {}, "owner": {}, "compute": {}, "driver": {}, "ray": {},
         }  # fmt: skip
+        self.pss_peak = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -170,7 +187,9 @@ class TreeSampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period):
+            pss = 0.0
             for pid in [os.getpid(), *self._descendants()]:
+                pss += pss_mb(pid)
                 try:
                     title = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
                 except OSError:
@@ -180,17 +199,21 @@ class TreeSampler:
                 peak = peak_rss_mb(pid)
                 if peak:
                     self.peaks[role][pid] = max(self.peaks[role].get(pid, 0.0), peak)
+            self.pss_peak = max(self.pss_peak, pss)
 
     def result(self) -> dict[str, float]:
         """The curator's peak, the largest owner process's, the largest compute node's, the
         driver's (this process: the scenario, the run, the harness's baselines) and the largest
         of Ray's own processes; ``sum``: the sum of the market's actor processes' peaks
         (curator, owners, compute nodes: an upper bound of the market's memory, shared library
-        pages counted once per process); ``sum_all``: with the driver and Ray's processes."""
+        pages counted once per process); ``sum_all``: with the driver and Ray's processes;
+        ``pss_sum_all``: the highest sum, at one sample, of every process's proportional set
+        size (driver, Ray's processes, actors): every page counted once, at one moment."""
         out = {role: round(max(p.values(), default=0.0), 1) for role, p in self.peaks.items()}
         actors = ("curator", "owner", "compute")
         out["sum"] = round(sum(v for r in actors for v in self.peaks[r].values()), 1)
         out["sum_all"] = round(sum(v for p in self.peaks.values() for v in p.values()), 1)
+        out["pss_sum_all"] = round(self.pss_peak, 1)
         return out
 
 
@@ -435,7 +458,7 @@ def main() -> None:
     header = f"{'mode':<10} {'K':>5} " + " ".join(f"{p:>9}" for p in PHASES)
     print(
         header + f" {'ms/epoch':>9} {'epochs':>6} {'cur MB':>7} {'own MB':>7} {'sum MB':>7}"
-        f" {'group MB':>8} {'total s':>8}"
+        f" {'PSS MB':>7} {'group MB':>8} {'total s':>8}"
     )
     for r in rows:
         ph = " ".join(f"{r['phase_seconds'][p]:>9.2f}" for p in PHASES)
@@ -443,6 +466,7 @@ def main() -> None:
         print(
             f"{r['mode']:<10} {r['owners']:>5} {ph} {r['ms_per_epoch']:>9.2f} {r['epochs']:>6} "
             f"{mem['curator']:>7.0f} {mem['owner']:>7.0f} {mem.get('sum', 0.0):>7.0f} "
+            f"{mem.get('pss_sum_all', float('nan')):>7.0f} "
             f"{r.get('memory_cgroup_mb', {}).get('mapped_peak', float('nan')):>8.0f} "
             f"{r['seconds']:>8.1f}"
         )
@@ -458,6 +482,8 @@ def main() -> None:
         big = next(r for r in rows if r["mode"] == "ray" and r["owners"] == 1024)
         goals["ray_1024_seconds"] = big["seconds"]
         goals["ray_1024_peak_mb_total_sampled"] = big["peak_rss_mb"]
+        # every process summed, each page once (proportional set sizes at one sample)
+        goals["ray_1024_pss_sum_mb"] = big["peak_rss_mb"].get("pss_sum_all")
         if "memory_cgroup_mb" in big:  # every process together, shared pages once
             goals["ray_1024_memory_cgroup_mb"] = big["memory_cgroup_mb"]
     for name, value in goals.items():

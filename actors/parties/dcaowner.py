@@ -31,6 +31,7 @@ from dpmarket.protocol.securesum.client import Client
 from dpmarket.protocol.securesum.plan import RoundAllowance, SecureSumPlan
 from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.wire.codec import Message
+from dpmarket.streams.race.columns import SketchColumns
 from dpmarket.streams.race.lsh import LshFamily, make_family
 from dpmarket.streams.race.sketch import RaceSketch
 
@@ -73,6 +74,10 @@ class OwnerSecureSum:
     allowance: RoundAllowance = field(init=False)
     roster: int | None = None  # the fewest owners any pinned node attests (None: not yet)
     unchecked: tuple[str, ...] = ()  # nodes that attest without checking owners' signatures
+    # a sketch round's public options -> the columns of this owner's records in that sketch
+    # (streams/race/columns.py): each record hashed once, as it arrives (``sketch_ahead``),
+    # and counted at every round; never sent anywhere
+    columns: dict[tuple[Any, ...], SketchColumns] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.allowance = RoundAllowance(self.trust.plan)
@@ -80,6 +85,41 @@ class OwnerSecureSum:
     def public_key(self) -> bytes:
         """The public half of this owner's key, for the operator to pin at the compute nodes."""
         return self.identity.public_key().public_bytes_raw()
+
+    def sketch_columns(
+        self, records: npt.NDArray[np.float64], options: dict[str, Any]
+    ) -> SketchColumns:
+        """The columns of ``records`` in the sketch of ``options``, hashing only the records
+        not hashed yet (records only grow at the end; a prefix that changed, which the owner's
+        party never does, is hashed anew rather than trusted)."""
+        key = _sketch_key(options, records.shape[1])
+        held = self.columns.get(key)
+        if held is None or held.n > len(records) or not held.holds(records):
+            held = self.columns[key] = SketchColumns(_family(*key[:5]), key[5])
+        held.extend(records[held.n :])
+        return held
+
+    def sketch_ahead(self, new: npt.NDArray[np.float64], start: int) -> None:
+        """Hash records ``start ..`` (``new``, just arrived) for every sketch round of the
+        operator's plan, so that a round only counts them: records arrive while no round is
+        open, and a round's deadline then covers the noise and the sealing, not the hashing.
+        Records that do not directly follow those hashed, or that cannot be hashed, are left
+        to the round (which hashes what is missing, or refuses as it did without this)."""
+        if not len(new):
+            return
+        for planned in self.trust.plan.rounds.values():
+            if planned.what not in ("sketch", "sketch_delta"):
+                continue
+            key = _sketch_key(dict(planned.options), new.shape[1])
+            if key not in self.columns:
+                self.columns[key] = SketchColumns(_family(*key[:5]), key[5])
+            held = self.columns[key]
+            if held.n != start:
+                continue
+            try:
+                held.extend(new)
+            except ValueError:  # e.g. a coordinate beyond the hash's range: the round says so
+                del self.columns[key]
 
     def setup(self, config: DcaConfig, node_keys: dict[str, bytes]) -> list[Message]:
         """Become the secure-sum client of the operator's session; return the registrations.
@@ -148,7 +188,10 @@ class OwnerSecureSum:
             raise RuntimeError(f"{self.name}: dca_contribute before dca_setup")
         _roster_check(self)
         self.allowance.take(spec, what, options)
-        row = contribution(records, spec, what, options, self.name, self.sketched, live, backend)
+        held = self.sketch_columns(records, options) if what != "moments" else None
+        row = contribution(
+            records, spec, what, options, self.name, self.sketched, live, backend, held
+        )
         return self.client.contribute(spec, row[None, :], self.rng)
 
 
@@ -168,13 +211,16 @@ def contribution(
     sketched: dict[int, int],
     live: npt.NDArray[np.bool_] | None = None,
     backend: str = "auto",
+    columns: SketchColumns | None = None,
 ) -> npt.NDArray[np.float64]:
     """The vector an owner adds to a round: ``moments`` (clipped sums, sums of squares, count),
     ``sketch`` (RACE counters of every record) or ``sketch_delta`` (counters of the records
     added since the round ``options['base_rounds'][owner]``; ``sketched`` records per round how
     many records a contribution covered). Records where ``live`` is False (retired blocks) are
     never read; ``sketched`` counts positions in ``X``, so deltas stay disjoint. ``backend``: the
-    sketch kernels' (the same counters with each)."""
+    sketch kernels' (the same counters with each). ``columns``: the records' columns in this
+    sketch, hashed as they arrived (``OwnerSecureSum.sketch_columns``): counted, not hashed
+    again, with the same counters."""
     if live is not None and live.shape != (len(X),):
         raise ValueError(f"live: expected shape ({len(X)},), got {live.shape}")
     if what == "moments":
@@ -189,6 +235,10 @@ def contribution(
         base = options.get("base_rounds", {}).get(owner)
         start = sketched.get(base, 0) if base is not None else 0
     sketched[spec.round] = len(X)
+    if columns is not None:
+        if columns.n != len(X):
+            raise ValueError(f"columns: {columns.n} records hashed, {len(X)} held")
+        return columns.counters(start, live).astype(np.float64)
     X = X[start:] if live is None else X[start:][live[start:]]
     family = _family(
         str(options["family"]),
@@ -201,6 +251,18 @@ def contribution(
     if len(X):
         sketch.update(X.astype(np.float32))
     return sketch.counter_vector().astype(np.float64)
+
+
+def _sketch_key(options: dict[str, Any], dim: int) -> tuple[Any, ...]:
+    """A sketch's public parameters: (family, dim, rows, seed, bandwidth, width)."""
+    return (
+        str(options["family"]),
+        int(dim),
+        int(options["rows"]),
+        int(options["seed"]),
+        float(options["bandwidth"]),
+        int(options["width"]),
+    )
 
 
 @functools.lru_cache(maxsize=8)

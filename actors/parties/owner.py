@@ -142,6 +142,7 @@ class OwnerHost:
             hosted = _Hosted(owner, ReplayGuard(), delays.get(name, 0.0))
             if dca is not None:  # noise keyed in this process (OS entropy unless simulated)
                 hosted.dca = OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))
+                hosted.dca.sketch_ahead(np.asarray(X0, dtype=np.float64), 0)
             if budgets and name in budgets:  # opens (or creates) the owner's own store
                 hosted.gate = OwnerGate(name, budgets[name])
                 hosted.gate.arrived(0, owner.n_records, time.time(), owner.records())
@@ -171,6 +172,8 @@ class OwnerHost:
             hosted.dca = (
                 None if dca is None else OwnerSecureSum(name, dca, noise.generator(f"dca:{name}"))
             )
+            if hosted.dca is not None:
+                hosted.dca.sketch_ahead(hosted.party.records(), 0)
             gate = (budgets or {}).get(name)
             hosted.gate = None if gate is None else OwnerGate(name, gate)
             if hosted.gate is not None:  # records taken in without a gate: stamped now
@@ -389,7 +392,10 @@ class OwnerHost:
         hosted = self._owner(owner)
         if hosted.gate is not None:  # its block, by arrival time, before anything reads it
             hosted.gate.arrived(hosted.party.n_records, len(X), time.time(), X)
+        start = hosted.party.n_records
         hosted.party.add_records(X, y)
+        if hosted.dca is not None:  # hashed now, while no round waits for it
+            hosted.dca.sketch_ahead(np.asarray(X, dtype=np.float64), start)
         return hosted.party.n_records
 
     async def where(self, paths: list[str]) -> dict[str, Any]:
@@ -474,14 +480,15 @@ async def _follow(
             hosted.reader_errors.append(batch)
             return
         if len(batch):
+            features = batch.features.astype(np.float64)
             if hosted.gate is not None:  # its block, by arrival time, before anything reads it
-                features = batch.features.astype(np.float64)
                 hosted.gate.arrived(hosted.party.n_records, len(batch), time.time(), features)
-            labels = batch.records.labels
+            labels, start = batch.records.labels, hosted.party.n_records
             hosted.party.add_records(
-                batch.features.astype(np.float64),
-                None if labels is None else np.asarray(labels, dtype=np.float64),
+                features, None if labels is None else np.asarray(labels, dtype=np.float64)
             )
+            if hosted.dca is not None:  # hashed now, while no round waits for it
+                hosted.dca.sketch_ahead(features, start)
         hosted.ingested += len(batch)
         hosted.rejected += len(batch.records.rejects)
         await tailer.commit(batch)

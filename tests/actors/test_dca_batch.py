@@ -21,7 +21,7 @@ import pytest
 from dpmarket.actors.budgets.gate import BudgetGate, OwnerBudget
 from dpmarket.actors.parties.compute import ComputeNodeHost
 from dpmarket.actors.parties.dca import DcaHub
-from dpmarket.actors.parties.dcaowner import OperatorTrust
+from dpmarket.actors.parties.dcaowner import OperatorTrust, OwnerSecureSum
 from dpmarket.actors.parties.owner import OwnerHost
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, PrivacyLedger
@@ -338,3 +338,46 @@ async def test_whoever_holds_a_begun_nodes_handle_cannot_swap_an_owners_key() ->
     assert market.hub.unready == {}
     result = await market.hub.round(market.plan.spec("normalise", 1), "moments", MOMENTS, 60.0)
     assert result.released and "owner-0" in result.included
+
+
+async def _arrive(market: _Market) -> None:
+    """A hundred more records per owner after the hosts were built (the host's ingestion)."""
+    for owner, handle in market.handles.items():
+        await handle.target.add_records(owner, _records(owner)[:100] + 0.5)
+
+
+async def test_records_are_hashed_as_they_arrive_and_the_scan_counts_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each owner hashes its records for the plan's sketch when they arrive (at the host's
+    construction and at every later batch), before any round; the scan then counts them and
+    releases, bit for bit, what owners that hash every record inside the round release."""
+    ahead = _Market([OWNERS[:3], OWNERS[3:]])
+    await _arrive(ahead)
+    for owner, handle in ahead.handles.items():
+        held = list(handle.target._hosted[owner].dca.columns.values())
+        assert [c.n for c in held] == [RECORDS + 100]  # one sketch in the plan, all hashed
+    await ahead.normalise()
+    got = await ahead.scan()
+    monkeypatch.setattr(OwnerSecureSum, "sketch_ahead", lambda self, new, start: None)
+    monkeypatch.setattr(OwnerSecureSum, "sketch_columns", lambda self, records, options: None)
+    inside = _Market([OWNERS[:3], OWNERS[3:]])  # hashes every record in the round, as before
+    await _arrive(inside)
+    await inside.normalise()
+    want = await inside.scan()
+    assert got.released and got.value is not None and want.value is not None
+    np.testing.assert_array_equal(got.value, want.value)
+    assert all(h.target._hosted[o].dca.columns == {} for o, h in inside.handles.items())
+
+
+async def test_a_record_the_hash_refuses_is_taken_in_and_only_its_owners_scan_fails() -> None:
+    """A record beyond the hash's range is still taken in (hashing ahead never stops an
+    owner's ingestion); its owner's scan contribution is refused as it was before records were
+    hashed ahead, so that owner alone is absent from the scan."""
+    market = _Market([OWNERS])
+    host = market.handles["owner-0"].target
+    assert await host.add_records("owner-0", np.full((1, DIM), 1e16)) == RECORDS + 1
+    assert await market.normalise() is not None
+    result = await market.scan()
+    assert result.released and market.hub.absent[2] == ["owner-0"]
+    assert set(result.included) == set(OWNERS) - {"owner-0"}

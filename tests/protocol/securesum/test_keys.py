@@ -112,3 +112,29 @@ def test_operator_keys_and_pins_still_sum_exactly() -> None:
     result = aggregator.result(1)
     assert result is not None and result.value is not None
     assert np.allclose(result.value, x.sum(axis=0), atol=1e-6)
+
+
+def test_a_relayed_roster_attestation_that_is_malformed_or_altered_is_refused_by_name() -> None:
+    """What the relay hands an owner as a node's roster attestation (``ComputeNode.attest``,
+    its part for that owner): the honest one verifies; a name list with a duplicate, a name
+    outside the roster, an unhashable entry or one owner left out is refused, naming the node,
+    before or at the tag, whatever the relay rewrites."""
+    cfg = config()
+    nodes, pins = operator_nodes(cfg)
+    keys = {n: node.public_key for n, node in nodes.items()}
+    clients = {o: Client(cfg, f"client:{o}", keys, [o], pinned=pins) for o in OWNERS}
+    for client in clients.values():
+        for msg in client.start():
+            nodes[msg.recipient].receive(wire(msg))
+    honest = nodes["compute-1"].attest(True)
+    part = {"checked": honest["checked"], "admitted": honest["admitted"]}
+    part["tag"] = honest["tags"]["owner-1"]
+    assert clients["owner-1"].attested("owner-1", "compute-1", part) == (False, OWNERS)
+    for admitted, match in [
+        ([*OWNERS, "owner-1"], "compute-1 attests names outside the session's roster"),
+        ([*OWNERS, "owner-9"], "compute-1 attests names outside the session's roster"),
+        ([*OWNERS[:3], ["owner-4"]], "compute-1's attestation is malformed"),
+        (list(OWNERS[1:]), "compute-1's attestation does not verify"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            clients["owner-1"].attested("owner-1", "compute-1", part | {"admitted": admitted})
