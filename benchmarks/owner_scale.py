@@ -123,27 +123,26 @@ def per_actor_for(owners: int, processes: int = OWNER_PROCESSES) -> int:
     return math.ceil(owners / processes)
 
 
-def peak_rss_mb(pid: int | str = "self") -> float:
-    """VmHWM of a process (its peak resident set), in MiB; 0 when it is gone."""
+def _proc_mb(path: str, key: str) -> float:
+    """The ``key:`` line of a /proc file, in MiB (its value is in kB); 0 when it is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
                 return int(line.split()[1]) / 1024
     except OSError:
         return 0.0
     return 0.0
+
+
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """VmHWM of a process (its peak resident set), in MiB; 0 when it is gone."""
+    return _proc_mb(f"/proc/{pid}/status", "VmHWM:")
 
 
 def pss_mb(pid: int) -> float:
     """A process's proportional set size in MiB (each page it maps divided by the number of
     processes mapping it, so summing it over processes counts every page once); 0 when gone."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return 0.0
-    return 0.0
+    return _proc_mb(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 class TreeSampler:
