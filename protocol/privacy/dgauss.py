@@ -345,7 +345,7 @@ def sample_discrete_gaussian(
         return np.zeros(shape, dtype=np.int64)
     out = np.empty(total, dtype=np.int64)
     proposal = Proposal.of(float(sigma))
-    stream = Keystream(rng)
+    stream = Keystream(rng, WORDS_PER_KEY)
     scratch: _Pass | None = None
     filled = 0
     while filled < total:
