@@ -269,19 +269,21 @@ class Proposal:
 
 
 class _Pass:
-    """The scratch arrays of a pass of ``size`` candidates (one allocation, typed views made
-    once: small calls are dominated by per-operation overhead)."""
+    """The scratch arrays of a pass of ``size`` candidates, with the typed views made once
+    (small calls are dominated by per-operation overhead)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        block = np.empty((_WORDS + 5) * size, dtype=np.uint64)
-        self.words = block[: _WORDS * size]
-        self.w_r, self.w_v, self.w_u = self.words.reshape(_WORDS, size)
-        self.sign = self.w_u.view(np.int64)
-        self.bits, self.signed, power, bound, keep = block[_WORDS * size :].reshape(5, size)
+        self.words = np.empty(_WORDS * size, dtype=np.uint64)
+        self.w_r, self.w_v, self.w_u = (
+            self.words[:size],
+            self.words[size : 2 * size],
+            self.words[2 * size :],
+        )
+        self.bits, self.signed = np.empty(size, np.uint64), np.empty(size, np.uint64)
+        self.power, self.bound = np.empty(size), np.empty(size)
+        self.keep = np.empty(size, np.bool_)
         self.bits_int, self.draws = self.bits.view(np.int64), self.signed.view(np.int64)
-        self.power, self.power_bits = power.view(np.float64), power
-        self.bound, self.keep = bound.view(np.float64), keep.view(np.bool_)[:size]
 
     def run(self, proposal: Proposal) -> npt.NDArray[np.int64]:
         """One pass over the candidates of ``self.words`` (filled by the caller): the emitted
@@ -294,13 +296,13 @@ class _Pass:
         np.copyto(power, self.bits_int)  # 2^63 -> -2^63, 0 -> 0: both never accepted
         # X = V t + R: the exponent field shifted to bit k is (V + 1023) t, R the top k bits of
         # w_r (uint64 arithmetic, so a never-accepted zero word wraps harmlessly)
-        np.right_shift(self.power_bits, proposal.exponent_shift, out=signed)
+        np.right_shift(power.view(np.uint64), proposal.exponent_shift, out=signed)
         if proposal.k:
             np.right_shift(w_r, proposal.block_shift, out=bits)
             np.bitwise_or(signed, bits, out=signed)
         np.subtract(signed, proposal.bias, out=signed)
         # the sign is w_u's top bit: Y = X or -(X + 1) = ~X, so 0 is proposed once
-        np.right_shift(self.sign, 63, out=self.bits_int)
+        np.right_shift(w_u.view(np.int64), 63, out=self.bits_int)
         np.bitwise_xor(signed, bits, out=signed)
         # accept iff m exp(s^2/2) 2^-53 < 2^V exp(-Y^2 / (2 sigma^2)), m the low 53 bits of w_u
         np.copyto(bound, self.draws)  # exact below 2^53
