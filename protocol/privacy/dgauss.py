@@ -12,46 +12,49 @@ Calibration (Heikkilä et al. 2017, Sec. 3.1 and Theorem 1 / supplement Sec. 9):
 Sampling: :func:`sample_discrete_gaussian` draws N_Z(0, sigma^2), the discrete Gaussian on the
 integers (P(y) proportional to exp(-y^2 / (2 sigma^2))), by the rejection sampler of Canonne,
 Kamath & Steinke (2020, Algorithms 2 and 3) vectorised over the batch. The proposal is the
-discrete Laplace with ratio 2^(-1/t) (scale tau = t / ln 2) for a power of two t = 2^k chosen
-for the best acceptance rate. It is drawn exactly from uniform bits: X = V t + R with V the
-number of trailing zero bits of a word (P(V = j) = 2^-(j+1)), R the top k bits of another
-word, and a sign bit. CKS's inner Bernoulli(2^(-R/t)), which makes the blocks exponential, and
-Algorithm 3's acceptance exp(-(|X| - sigma^2/tau)^2 / (2 sigma^2)) multiply to one test,
-accept with probability pi = 2^V exp(-(X^2 + c^2) / (2 sigma^2)), c = sigma^2 / tau (pi <= 1
-because X^2 + c^2 >= 2 X c and X >= V t), and "-0" is rejected so that 0 is not proposed
-twice as often. An emitted y then has probability exp(-c^2/(2 sigma^2)) exp(-y^2/(2 sigma^2))
-/ (4t) per candidate: exactly N_Z(0, sigma^2). The output lies on the integer grid, so no
-low-order bits of a floating-point draw are released.
+discrete Laplace with ratio 2^(-1/t) per step (scale tau = t / ln 2) for the power of two
+t = 2^k with the best acceptance rate (near t = sigma ln 2), drawn exactly from uniform bits:
+X = V t + R with V the number of trailing zero bits of one word (P(V = j) = 2^-(j+1)) and R the
+top k bits of another. A sign bit maps X to Y = X or Y = -(X + 1) (so 0 is proposed once and no
+"-0" needs rejecting). CKS's inner Bernoulli(2^(-R/t)) and Algorithm 3's acceptance multiply to
+one test: accept with probability pi = 2^V exp(-(Y^2 + c^2) / (2 sigma^2)), c = sigma^2 / tau
+(pi <= 1 since Y^2 + c^2 >= 2 |Y| c and |Y| >= V t). A candidate is then emitted as y with
+probability exp(-c^2 / (2 sigma^2)) exp(-y^2 / (2 sigma^2)) / (4t): exactly N_Z(0, sigma^2), at
+the rate Theta(sigma) exp(-c^2 / (2 sigma^2)) / (4t) (>= 0.246, >= 0.488 for sigma >= 2) by
+which each pass is sized. The output lies on the integer grid, so no low-order bits of a
+floating-point draw are released.
 
 Randomness. The caller's ``numpy.random.Generator`` is the only source: each call draws fresh
-256-bit ChaCha20 keys from it (a new key every :data:`WORDS_PER_KEY` words) and expands them
-with OpenSSL's ChaCha20 through ``cryptography`` (:class:`Keystream`): three 64-bit words per
-candidate, about 2 ns per word against about 18 ns for randomgen's ChaCha behind numpy. The
-same generator state gives the same output (reproducible simulation), a deployed generator
-from OS entropy gives noise nobody can regenerate. Computational assumption: ChaCha20 under a
-uniformly random key is a pseudorandom generator, so for a computationally bounded adversary
-the words are indistinguishable from uniform and the guarantee below holds with the caller's
-generator secure (``actors/randomness.py``; a seeded generator is public, hence no privacy).
+256-bit keys from it (a new key every :data:`WORDS_PER_KEY` words, zero nonce, never reused,
+stored, returned or logged) and expands them with OpenSSL's ChaCha20 through ``cryptography``
+(:class:`Keystream`), three 64-bit words per candidate at about 2 ns a word (randomgen's
+ChaCha behind numpy takes about 18). The same generator state gives the same output
+(reproducible simulation); a deployed generator keyed from OS entropy gives noise nobody can
+regenerate. Computational assumption: ChaCha20 under a uniformly random key is a pseudorandom
+generator, so to a computationally bounded adversary the words are uniform and the guarantee
+below holds as long as the caller's generator is a CSPRNG with a secret key
+(``actors/randomness.py``); noise from a seeded (public) generator has no privacy at all.
 
-Guarantee (the law against the exact discrete Gaussian, with ideal uniform words). R, V and
-the sign are exact; the only inexact step is the acceptance test, evaluated in float64 against
-a 53-bit uniform m / 2^53: accept iff m exp(s^2/2) 2^-53 < 2^V exp(-X^2 / (2 sigma^2)),
-s = sigma / tau. Each float operation has relative error <= 2^-53 and numpy's exp a few ulp, so
-the implemented acceptance probability differs from pi by at most
-eps_pi = (1 + 4 max(pi z) + 2 e_exp + 8) 2^-53 <= 30 * 2^-53 (z = X^2 / (2 sigma^2), pi z <= 1.8
-for the s this module chooses, e_exp <= 6 ulp; ``tests/protocol/privacy/test_dgauss.py`` checks
-the implemented boundary against exact decimal arithmetic, and |X| < 2^53 wherever pi > 2^-100).
-A word of all zeros or 2^63 (V >= 63, probability 2^-63) is always rejected. Since the
-candidates' law is exact, the total-variation distance of one draw from N_Z(0, sigma^2) is
-tau_1 <= (eps_pi + 2^-63) / (rate - eps_pi) <= 2^-45 (rate >= 1/4 at every sigma, about 0.5 for
-sigma >= 2). An (eps, delta)-DP mechanism whose noise is within TV tau of the ideal one is
-(eps, delta + (1 + e^eps) tau)-DP per release. For a vector of d = 12,800 draws tau <= d tau_1
-= 3.6e-10, adding at most 1.4e-9 to delta at eps = 1; a secure-sum release rests on every
-contributing owner's share, so its tau is (owners x d) tau_1, 3.7e-7 for 1024 owners at
-d = 12,800 (3.7% of delta = 1e-5 at eps = 1 in the worst case). The previous sampler,
-floor(t E) from a 53-bit uniform, was off by about 2^-53 in each of the ~10 sigma integers it
-could propose: a TV of order sigma 2^-53 per draw, about 1e-6 at the grid sigma of 2^32-scale
-fixed point, which this construction removes.
+Guarantee: the law of one draw against N_Z(0, sigma^2), given uniform words. R, V and the sign
+are exact. The acceptance test is the only inexact step: in float64, accept iff
+m exp(s^2 / 2) 2^-53 < 2^V exp(-Y^2 / (2 sigma^2)), m the low 53 bits of the third word,
+s = sigma / tau <= 1.36. With every operation's relative error <= 2^-53 and np.exp's <= e_exp
+2^-53, the accepted m are those below some M with |M 2^-53 - pi| <= eps_pi =
+(6.6 + 4 max(pi z) + 2 e_exp) 2^-53, z = Y^2 / (2 sigma^2), pi z <= 1.71; with e_exp <= 2
+(1.15 measured on numpy 2.4) eps_pi <= 18 * 2^-53, which ``tests/protocol/privacy/
+test_dgauss.py`` checks against exact decimal arithmetic (largest deviation seen: 3.1 units).
+Where pi > 2^-100, |Y| < 2^53 is exact in float64; a V word of 0 or 2^63 (probability 2^-63) is
+always rejected. The candidates' law being exact, one draw is within total-variation distance
+tau_1 <= (eps_pi + 2^-63) / (rate - eps_pi) <= 8.2e-15 of N_Z(0, sigma^2) (4.1e-15 for
+sigma >= 2). A mechanism that is (eps, delta)-DP with ideal noise and whose noise is within TV
+tau of it is (eps, delta + (1 + e^eps) tau)-DP per release. d = 12,800 draws: tau <= 1.04e-10,
+delta grows by at most 3.9e-10 at eps = 1. A secure-sum release rests on every contributing
+owner's share: 1024 owners x 12,800 draws give tau <= 1.07e-7 and at eps = 1 at most 4.0e-7 more
+delta (2.0e-7 for sigma >= 2; 4% and 2% of delta = 1e-5; worst-case bounds). A geometric built
+as floor(t E) from a float64 exponential E (the previous sampler) cannot do as well: each of
+its ~10 sigma bin probabilities is resolved only to about 2^-53, so its TV grows like
+sigma 2^-53 per draw (about 1e-7 at the grid sigma of 1e9 that 32 fractional bits give);
+the exact discrete Laplace above avoids it.
 """
 
 from __future__ import annotations
