@@ -222,7 +222,7 @@ class Keystream:
             if self._cipher is None or self._left == 0:
                 self._cipher = self._rekey()
             n = min(out.size - done, self._left, len(_ZEROS) // 8)
-            target = memoryview(out[done : done + n].view(np.uint8))
+            target = out[done : done + n].view(np.uint8).data  # a writable memoryview
             self._cipher.update_into(_ZEROS[: 8 * n], target)
             self._left -= n
             done += n
