@@ -296,32 +296,32 @@ class _Pass:
 
     def run(self, proposal: Proposal) -> npt.NDArray[np.int64]:
         """One pass over the candidates of ``self.words`` (filled by the caller): the emitted
-        draws."""
+        draws. Ufuncs take their output positionally (about 0.1 us less per call)."""
         w_r, w_v, w_u, bits, signed = self.w_r, self.w_v, self.w_u, self.bits, self.signed
         power, bound = self.power, self.bound
         # 2^V, the lowest set bit of w_v (0 for a zero word), as a float: exponent field V + 1023
-        np.negative(w_v, out=bits)
-        np.bitwise_and(bits, w_v, out=bits)
+        np.negative(w_v, bits)
+        np.bitwise_and(bits, w_v, bits)
         np.copyto(power, self.bits_int)  # 2^63 -> -2^63, 0 -> 0: both never accepted
         # X = V t + R: the exponent field shifted to bit k is (V + 1023) t, R the top k bits of
         # w_r (uint64 arithmetic, so a never-accepted zero word wraps harmlessly)
-        np.right_shift(power.view(np.uint64), proposal.exponent_shift, out=signed)
+        np.right_shift(power.view(np.uint64), proposal.exponent_shift, signed)
         if proposal.k:
-            np.right_shift(w_r, proposal.block_shift, out=bits)
-            np.bitwise_or(signed, bits, out=signed)
-        np.subtract(signed, proposal.bias, out=signed)
+            np.right_shift(w_r, proposal.block_shift, bits)
+            np.bitwise_or(signed, bits, signed)
+        np.subtract(signed, proposal.bias, signed)
         # the sign is w_u's top bit: Y = X or -(X + 1) = ~X, so 0 is proposed once
-        np.right_shift(w_u.view(np.int64), 63, out=self.bits_int)
-        np.bitwise_xor(signed, bits, out=signed)
+        np.right_shift(w_u.view(np.int64), 63, self.bits_int)
+        np.bitwise_xor(signed, bits, signed)
         # accept iff m exp(s^2/2) 2^-53 < 2^V exp(-Y^2 / (2 sigma^2)), m the low 53 bits of w_u
         np.copyto(bound, self.draws)  # exact below 2^53
-        np.multiply(bound, bound, out=bound)
-        np.multiply(bound, proposal.scale, out=bound)
-        np.exp(bound, out=bound)
-        np.multiply(bound, power, out=bound)
-        np.bitwise_and(w_u, _MASK53, out=bits)
-        np.multiply(self.bits_int, proposal.uniform_factor, out=power)
-        np.less(power, bound, out=self.keep)
+        np.multiply(bound, bound, bound)
+        np.multiply(bound, proposal.scale, bound)
+        np.exp(bound, bound)
+        np.multiply(bound, power, bound)
+        np.bitwise_and(w_u, _MASK53, bits)
+        np.multiply(self.bits_int, proposal.uniform_factor, power)
+        np.less(power, bound, self.keep)
         return np.compress(self.keep, self.draws)  # 4x faster than draws[keep] on a random mask
 
 
