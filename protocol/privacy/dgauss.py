@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 CALIBRATIONS = ("analytic", "classical")
-MAX_GRID_SIGMA = float(2**48)  # beyond this float64 geometric magnitudes lose integer resolution
+MAX_GRID_SIGMA = float(2**48)  # keeps t <= 2^48: draws that can be accepted are exact in float64
 
 
 def _check_privacy(epsilon: float, delta: float, sensitivity: float) -> None:
@@ -344,7 +344,7 @@ def sample_discrete_gaussian(
     assumption are in the module docstring.
 
     ``sigma == 0`` returns zeros. Each pass proposes enough candidates for the rest at the
-    exact emission rate (:class:`Proposal`) plus four standard deviations, at most
+    exact emission rate (:class:`Proposal`) with a margin of 4 sqrt(rest) + 4 draws, at most
     ``_CHUNK`` at a time; a short pass is followed by another.
     """
     if not (isinstance(sigma, int | float) and math.isfinite(sigma) and sigma >= 0):
