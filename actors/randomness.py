@@ -25,7 +25,11 @@ from the noise seed and the generator's label through a SeedSequence, so the str
 by public values: such a run has no privacy at all, whatever its ledger says.
 
 The sans-I/O parties (protocol/, streams/) take a ``numpy.random.Generator`` argument and never
-build one for noise; the actors, the CLI commands and the benchmarks build them here.
+build one for noise; the actors, the CLI commands and the benchmarks build them here. The
+secure-sum noise shares are drawn by ``protocol/privacy/dgauss.py``, which takes fresh 256-bit
+keys from the generator it is given and expands them with ChaCha20 from ``cryptography``: the
+generator built here stays the only source of that noise (secret in the secure mode, public in
+the reproducible one).
 ``tests/test_randomness.py`` checks statically that no module under actors/ constructs a
 generator anywhere else.
 """
