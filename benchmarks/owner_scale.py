@@ -17,8 +17,8 @@ the compute-node keys, the owner, curator and local compute-node actors asked fo
 ``ingest`` (in-process: the records generated; Ray: until every owner actor process has
 started, holds its owners' records and answered the on-node check; the compute nodes start
 beside them), ``normalise`` and ``scan`` (the two secure-sum rounds; Ray: normalise with the
-owners' keys handed to the nodes, the owners' kernel warm-up and the session set-up, each
-also timed alone in ``secure_seconds``: ``secure_nodes``, ``kernels``, ``secure_setup``,
+owners' keys handed to the nodes, the owners' warm-up and the session set-up, each
+also timed alone in ``secure_seconds``: ``secure_nodes``, ``warm_up``, ``secure_setup``,
 ``normalise_round``),
 ``epochs`` (the curator's run: setup, every epoch, the finish), ``report`` (in-process: each
 owner's ledger accounted by PLD, as report.json does; Ray: the outputs and reports written).
@@ -318,7 +318,7 @@ def run_ray(
             "phase_seconds": {k: round(outcome.phase_seconds.get(k, 0.0), 3) for k in PHASES},
             "secure_seconds": {  # normalise's parts: nodes, kernels, the session's set-up, round
                 k: round(outcome.phase_seconds.get(k, 0.0), 3)
-                for k in ("secure_nodes", "kernels", "secure_setup", "normalise_round")
+                for k in ("secure_nodes", "warm_up", "secure_setup", "normalise_round")
             },
             "peak_rss_mb": sampler.result(),
             "seconds": round(seconds, 2),

@@ -9,23 +9,23 @@ Each party is its own process, measured by its ``VmRSS`` (/proc/PID/status, MB =
   tests/integration/remote_setup.py), idle = waiting for its market (nothing listens: it has
   dialled and is retrying). After records: the agent's own code in a fresh process (the agent's
   modules imported, its :class:`OwnerHost` tailing a CSV of ``--records`` records until caught
-  up, then the scan round's sketch of them, 50 x 256, as in ``dca_contribute``) without the
-  market's runtime importable (the agent's install: numpy paths); ``+numba`` the same with the
-  ``numba`` extra (compiled CSV scanner and sketch kernels, loaded from numba's cache).
+  up, then the columns it keeps of them for the scan round's sketch, 50 x 256, counted as in
+  ``dca_contribute``: streams/race/columns.py) without the market's runtime importable (the
+  agent's install: numpy paths); ``+numba`` the same with the ``numba`` extra (the compiled
+  CSV scanner, loaded from numba's cache; a secure-sum round runs no sketch kernel).
 - ``node agent``: ``dpmarket node serve`` waiting for its market. A node holds no records.
 - ``owner host actor``: an ``OwnerActor`` on a local Ray instance, idle after construction;
-  after records: the same tailing and sketch (the market's install: numba).
+  after records: the same tailing and kept columns (the market's install).
 - ``compute-node actor``: a ``ComputeNodeActor`` after construction. It holds no records.
 - ``curator``: a ``CuratorActor`` with the configs/remote consumer's sizes (24 validation, 20
   seed records) idle; after records: one constructed with ``--records`` validation records.
 
-The second table: a new owner process's sketch-kernel warm-up (``OwnerHost.warm_up``, what the
-driver asks every owner before the secure sums), each in a fresh process: numba with an empty
-cache (``NUMBA_CACHE_DIR`` a new folder: it compiles), numba again on that cache (it loads),
-and the agent's install (numpy: nothing to compile).
+An owner's secure sums need no compiled kernel (records are hashed with numpy as they
+arrive and a round counts the kept columns; tests/streams/test_lazy_numba.py), so a new owner
+process has nothing to compile or load before its rounds.
 
 Targets: idle owner agent <= 120 MB, node agent <= 100 MB, owner host actor <= 200 MB.
-Last line: ``{"benchmark": "party_memory", "rows": [...], "warm_up": {...}}``.
+Last line: ``{"benchmark": "party_memory", "records": n, "rows": [...]}``.
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ import numpy as np
 import dpmarket.actors.remote.owneragent  # the agent's imports
 from dpmarket.actors.parties.owner import OwnerHost
 from dpmarket.actors.randomness import NoiseSource
+from dpmarket.streams.race.columns import SketchColumns
 from dpmarket.streams.race.lsh import make_family
-from dpmarket.streams.race.sketch import RaceSketch
 from dpmarket.streams.records.files import Schema
 
 def rss():
@@ -121,11 +121,12 @@ async def main():
     while (await host.ingest_status("owner-1"))["records"] < {n}:
         await asyncio.sleep(0.05)
     ingested = rss()
-    records = host._owner("owner-1").party.records().astype(np.float32)
-    sketch = RaceSketch(make_family("l2", {features}, {rows}, 0, bandwidth=1.0), {width})
-    sketch.update(records)
+    records = host._owner("owner-1").party.records()
+    columns = SketchColumns(make_family("l2", {features}, {rows}, 0, bandwidth=1.0), {width})
+    columns.extend(records)  # what the owner keeps for its sketch rounds, then counts
+    columns.counters()
     print(json.dumps({{"idle": idle, "ingested": ingested, "sketched": rss(),
-                      "backend": sketch.backend}}))
+                      "backend": "numba" if "numba" in sys.modules else "numpy"}}))
     import os
     os._exit(0)  # the tailer threads
 
@@ -153,8 +154,8 @@ def actors(csv: Path, n: int, state: Path) -> dict[str, tuple[float, float | Non
     from dpmarket.actors.randomness import NoiseSource
     from dpmarket.protocol.securesum.spec import DcaConfig
     from dpmarket.protocol.summary.params import CuratorParams
+    from dpmarket.streams.race.columns import SketchColumns
     from dpmarket.streams.race.lsh import make_family
-    from dpmarket.streams.race.sketch import RaceSketch
     from dpmarket.streams.records.files import Schema
 
     def pid(handle: Any) -> int:
@@ -173,11 +174,10 @@ def actors(csv: Path, n: int, state: Path) -> dict[str, tuple[float, float | Non
             time.sleep(0.05)
         rows, width = SKETCH
 
-        def sketch(host: Any) -> str:
-            records = host._owner("owner-1").party.records().astype(np.float32)
-            s = RaceSketch(make_family("l2", FEATURES, rows, 0, bandwidth=1.0), width)
-            s.update(records)
-            return s.backend
+        def sketch(host: Any) -> int:
+            columns = SketchColumns(make_family("l2", FEATURES, rows, 0, bandwidth=1.0), width)
+            columns.extend(host._owner("owner-1").party.records())  # kept, then counted
+            return int(columns.counters().sum())
 
         ray.get(owner.__ray_call__.remote(sketch))
         out["owner host actor"] = (idle, rss_mb(pid(owner)))
@@ -204,27 +204,6 @@ def actors(csv: Path, n: int, state: Path) -> dict[str, tuple[float, float | Non
     return out
 
 
-WARM_UP = """
-import asyncio, json, sys
-if {block}:
-    for module in {runtime!r}:
-        sys.modules[module] = None
-from dpmarket.actors.parties.owner import OwnerHost
-from dpmarket.actors.randomness import NoiseSource
-host = OwnerHost("bench", {{"owner-1": (2, None)}}, NoiseSource.secure())
-print(json.dumps({{"seconds": asyncio.run(host.warm_up())}}))
-"""
-
-
-def warm_up(cache: Path, block: bool) -> float:
-    code = WARM_UP.format(block=block, runtime=MARKET_RUNTIME)
-    env = os.environ | {"NUMBA_CACHE_DIR": str(cache)}
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
-    )
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=100_000)
@@ -240,12 +219,6 @@ def main() -> int:
         lean = agent_after(csv, n, root / "state-lean", block=True)
         compiled = agent_after(csv, n, root / "state-numba", block=False)
         on_ray = actors(csv, n, root / "state-actor")
-        cache = root / "numba-cache"
-        seconds = {
-            "numba_empty_cache": warm_up(cache, block=False),
-            "numba_cached": warm_up(cache, block=False),
-            "numpy_agent_install": warm_up(cache, block=True),
-        }
     rows = [
         {"party": "owner agent", "idle_mb": idle_owner, "records_mb": lean["sketched"],
          "note": f"agent's install ({lean['backend']})"},
@@ -268,10 +241,7 @@ def main() -> int:
             f"{row['party']:<20} {row['idle_mb']:>8.0f} {after:>8} "
             f"{'-' if target is None else f'<= {target:.0f}':>8}  {row['note']}"
         )
-    print("a new owner process's sketch-kernel warm-up (s):")
-    for key, value in seconds.items():
-        print(f"  {key:<22} {value:.2f}")
-    print(json.dumps({"benchmark": "party_memory", "records": n, "rows": rows, "warm_up": seconds}))
+    print(json.dumps({"benchmark": "party_memory", "records": n, "rows": rows}))
     return 0
 
 

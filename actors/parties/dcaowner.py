@@ -99,6 +99,17 @@ class OwnerSecureSum:
         held.extend(records[held.n :])
         return held
 
+    def sketch_current(self, records: npt.NDArray[np.float64]) -> None:
+        """Hash what is not hashed yet of ``records`` (all of the owner's) for every sketch
+        round of the plan; a record that cannot be hashed is left to its round (which
+        refuses this owner's contribution, naming the record's problem)."""
+        for planned in self.trust.plan.rounds.values():
+            if planned.what in ("sketch", "sketch_delta") and len(records):
+                try:
+                    self.sketch_columns(records, dict(planned.options))
+                except ValueError:
+                    self.columns.pop(_sketch_key(dict(planned.options), records.shape[1]), None)
+
     def sketch_ahead(self, new: npt.NDArray[np.float64], start: int) -> None:
         """Hash records ``start ..`` (``new``, just arrived) for every sketch round of the
         operator's plan, so that a round only counts them: records arrive while no round is
@@ -173,11 +184,11 @@ class OwnerSecureSum:
         what: str,
         options: dict[str, Any],
         live: npt.NDArray[np.bool_] | None = None,
-        backend: str = "auto",
     ) -> list[Message]:
         """This owner's contribution to a secure-sum round (see ``OwnerActor.dca_contribute``);
-        ``live`` masks out records of retired blocks (actors/budgets/gate.py); ``backend``: the
-        sketch kernels' (streams/race/kernels.py; the counters are the same with each).
+        ``live`` masks out records of retired blocks (actors/budgets/gate.py). A sketch round
+        counts the columns of the records hashed as they arrived (:meth:`sketch_columns`
+        hashes any not hashed yet): no sketch kernel runs inside a round.
 
         Refused (``ValueError`` naming the label and the violated bound; nothing is computed or
         sent) unless the operator's plan admits ``spec``, ``what`` and ``options`` and the
@@ -190,7 +201,7 @@ class OwnerSecureSum:
         self.allowance.take(spec, what, options)
         held = self.sketch_columns(records, options) if what != "moments" else None
         row = contribution(
-            records, spec, what, options, self.name, self.sketched, live, backend, held
+            records, spec, what, options, self.name, self.sketched, live, columns=held
         )
         return self.client.contribute(spec, row[None, :], self.rng)
 
@@ -217,10 +228,10 @@ def contribution(
     ``sketch`` (RACE counters of every record) or ``sketch_delta`` (counters of the records
     added since the round ``options['base_rounds'][owner]``; ``sketched`` records per round how
     many records a contribution covered). Records where ``live`` is False (retired blocks) are
-    never read; ``sketched`` counts positions in ``X``, so deltas stay disjoint. ``backend``: the
-    sketch kernels' (the same counters with each). ``columns``: the records' columns in this
-    sketch, hashed as they arrived (``OwnerSecureSum.sketch_columns``): counted, not hashed
-    again, with the same counters."""
+    never counted (nor read, without ``columns``); ``sketched`` counts positions in ``X``, so
+    deltas stay disjoint. ``backend``: the sketch kernels' (the same counters with each).
+    ``columns``: the records' columns in this sketch, hashed as they arrived
+    (``OwnerSecureSum.sketch_columns``): counted, not hashed again, with the same counters."""
     if live is not None and live.shape != (len(X),):
         raise ValueError(f"live: expected shape ({len(X)},), got {live.shape}")
     if what == "moments":
@@ -280,17 +291,15 @@ def gated_contribute(
     spec: RoundSpec,
     what: str,
     options: dict[str, Any],
-    backend: str = "auto",
 ) -> list[Message]:
     """An owner's secure-sum contribution behind its cap: the operator's plan admits the round
     first (a round it refuses charges nothing, so a relay cannot drain the budget with rounds
     the plan does not allow), then the charge is committed, and only then are the frames
-    returned to be sent; ``BudgetDeclined`` (no frames) when the cap does not admit it.
-    ``backend``: the sketch kernels' (streams/race/kernels.py), as its host settled it."""
+    returned to be sent; ``BudgetDeclined`` (no frames) when the cap does not admit it."""
     session = session_id(dca.trust.pins)
     _roster_check(dca)
     if gate is None or not gate.blocked:
-        frames = dca.contribute(records, spec, what, options, backend=backend)
+        frames = dca.contribute(records, spec, what, options)
         if gate is not None:
             gate.secure_round(spec, session)
         return frames
@@ -305,4 +314,4 @@ def gated_contribute(
         base = options.get("base_rounds", {}).get(dca.name)
         start = dca.sketched.get(base, 0) if base is not None else 0
     live = gate.secure_round(spec, session, len(records), start)
-    return dca.contribute(records, spec, what, options, live, backend)
+    return dca.contribute(records, spec, what, options, live)

@@ -16,11 +16,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +35,7 @@ from dpmarket.protocol.securesum.spec import DcaConfig, RoundSpec
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.wire.codec import ReplayGuard, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
-from dpmarket.streams.race.kernels import numba_installed, numba_ready, would_use_numba
+from dpmarket.streams.race.kernels import numba_installed
 from dpmarket.streams.race.lsh import make_family
 from dpmarket.streams.race.sketch import RaceSketch
 from dpmarket.streams.records.files import CsvDecoder, Schema
@@ -129,9 +126,6 @@ class OwnerHost:
         delays = delays or {}
         self._noise = noise
         self._hosted: dict[str, _Hosted] = {}
-        # the sketch backend of this host's contributions, settled by warm_up for the run
-        # ("auto" until then: streams/race/kernels.py decides per call)
-        self._backend = "auto"
         for name, (X, y) in owners.items():
             # an int means "no records yet, this many features": records arrive by ingestion
             X0 = np.zeros((0, X)) if isinstance(X, int) else X
@@ -272,28 +266,17 @@ class OwnerHost:
         for label, count in used.items():
             dca.allowance.used[label] = max(dca.allowance.used[label], int(count))
 
-    async def warm_up(self, work_per_record: int | None = None) -> float:
-        """Load the sketch kernels now (numba; compiled once, then loaded from its cache), so
-        the first secure-sum round is not delayed past its deadline; returns seconds spent.
-
-        ``work_per_record``: the rounds' hashing work per record (the plan's sketch rows times
-        the features). Given, the kernels are loaded only when one scan round of every
-        hosted owner would reach numba (streams/race/kernels.py, ``"auto"``, which counts the
-        numpy work of the whole process): hosts of small owners hash with numpy and never load
-        numba. None: always loaded.
-
-        The choice is then held for the run: every later contribution of this host (the scan,
-        each refresh round's delta) uses the backend settled here, so numba is never loaded
-        inside a round, where its import and kernels (0.5-0.9 s from the cache, seconds
-        without) would count against the round's deadline. A host whose records grow past the
-        threshold during the run hashes its refresh deltas with numpy: a constant factor
-        slower, never stalled; the next run's warm-up decides again. Both backends give the
-        same counters (tests/streams/race/test_sketch.py), so the choice changes no result."""
+    async def warm_up(self) -> float:
+        """Before the secure sums: hash every hosted owner's records not hashed yet for the
+        plan's sketch rounds (normally none: records are hashed as they arrive,
+        ``OwnerSecureSum.sketch_ahead``), so that each round only counts kept columns and runs
+        no sketch kernel (numba is never loaded for a round: streams/race/columns.py counts
+        with numpy); returns the seconds spent. A record that cannot be hashed is left to its
+        round, which refuses that owner's contribution as it always did."""
         start = time.perf_counter()
-        hosted = sum(h.party.n_records for h in self._hosted.values())
-        if work_per_record is None or would_use_numba(hosted * int(work_per_record)):
-            warm_kernels()
-        self._backend = "numba" if numba_ready("auto") else "numpy"
+        for hosted in self._hosted.values():
+            if hosted.dca is not None:
+                hosted.dca.sketch_current(hosted.party.records())
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------ secure-sum client
@@ -310,12 +293,11 @@ class OwnerHost:
             raise ValueError(f"for_owners: {method!r} is not one of {sorted(_BATCHED)}")
         results: dict[str, Any] = {}
         errors: dict[str, str] = {}
-        with _one_kernel_thread():
-            for owner, args in calls.items():
-                try:
-                    results[owner] = await getattr(self, method)(owner, *args)
-                except Exception as exc:  # that owner's failure alone, as when asked alone
-                    errors[owner] = error_line(exc)
+        for owner, args in calls.items():
+            try:
+                results[owner] = await getattr(self, method)(owner, *args)
+            except Exception as exc:  # that owner's failure alone, as when asked alone
+                errors[owner] = error_line(exc)
         return OwnerAnswers(results, errors)
 
     async def dca_identity(self, owner: str) -> bytes:
@@ -377,7 +359,7 @@ class OwnerHost:
         hosted = self._owner(owner)
         dca = _dca_of(hosted, owner)  # charged durably before any frame leaves (or declined)
         records = hosted.party.records()
-        frames = gated_contribute(dca, hosted.gate, records, spec, what, options, self._backend)
+        frames = gated_contribute(dca, hosted.gate, records, spec, what, options)
         return [encode(m) for m in frames]
 
     async def budget_view(self, owner: str) -> dict[str, Any] | None:
@@ -420,27 +402,6 @@ class OwnerHost:
 
 
 _BATCHED = frozenset({"dca_identity", "dca_setup", "dca_roster", "dca_contribute"})  # for_owners
-
-
-@contextmanager
-def _one_kernel_thread() -> Iterator[None]:
-    """The sketch kernels (streams/race/kernels.py, numba ``prange`` over the rows) on this
-    thread alone while a batch runs: the owners of a batch are sketched one after another and
-    the owner processes already run side by side, so the kernels' threads only contend for the
-    same cores (a 500-record sketch took 5-6 ms with two threads on the loaded two-core machine,
-    0.5 ms with one: benchmarks/RESULTS.md "owner_scale"). Counters are integers summed in any
-    order, so the result is the same. Only a process that has numba loaded is touched: one
-    hashing with numpy (OwnerHost.warm_up) does not import it for this."""
-    numba = sys.modules.get("numba")
-    if numba is None:  # not loaded (or not installed): the numpy path has no threads to limit
-        yield
-        return
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(before)
 
 
 def _dca_of(hosted: _Hosted, owner: str) -> OwnerSecureSum:

@@ -231,16 +231,6 @@ class OwnerAgent:
         )
         return {"accepted": True, "reasons": []}
 
-    def _hashing(self) -> int | None:
-        """Hashing work per record of the accepted plan's sketch rounds (rows x features),
-        from this owner's own accepted offer, for its warm-up (OwnerHost.warm_up: the kernels
-        are loaded only when its scan would use them); None before an offer (loaded)."""
-        if self.offer is None:
-            return None
-        _, plan, _, k = self.offer
-        rows = [int(r.options["rows"]) for r in plan.rounds.values() if "rows" in r.options]
-        return max(rows, default=0) * k
-
     def _attempt(self) -> Path:
         """A fresh folder for this process's tailers (offsets, rejects): an agent started
         again reads its files from the start, as a local owner actor of a new attempt does
@@ -333,7 +323,7 @@ class OwnerAgent:
         if method == "begin":
             return await self.begin(args["offer"])
         if method == "warm_up":
-            return 0.0 if self.host is None else await self.host.warm_up(self._hashing())
+            return 0.0 if self.host is None else await self.host.warm_up()
         if method == "ingest_status":
             if self.host is None:  # no purchase (or declined): its tailers start with one
                 return {"records": 0, "rejected": 0, "caught_up": True, "failed": [],

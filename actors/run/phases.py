@@ -208,7 +208,8 @@ def secure_phases(
     """Spawn the compute nodes and run normalise + scan through the curator's hub; with
     ``[privacy].refresh_every`` the nodes stay up for the refresh rounds
     (actors/parties/refresh.py). ``timings`` receives the seconds of the nodes' spawn with the
-    owners' keys (``secure_nodes``) and of the owners' kernel warm-up (``kernels``).
+    owners' keys (``secure_nodes``) and of the owners' warm-up (``warm_up``: any records not yet
+    hashed for the plan's sketches, normally none).
 
     A curator actor lost during them (``RayActorError``: killed, crashed) is respawned from
     ``journal`` up to MAX_CURATOR_RESTARTS times and continues the same session: rounds it
@@ -236,14 +237,8 @@ def secure_phases(
             ray.kill(handles[name], no_restart=True)
     progress("owners: warming up")
     tick = time.perf_counter()
-    per_record = int(prep.plan["sketch"]["rows"]) * int(prep.plan["n_features"])
-    gather_alive(
-        [
-            h.warm_up.remote() if is_remote(h) else h.warm_up.remote(per_record)
-            for h in unique_actors(market.owners)
-        ]
-    )
-    timings["kernels"] = time.perf_counter() - tick
+    gather_alive([h.warm_up.remote() for h in unique_actors(market.owners)])
+    timings["warm_up"] = time.perf_counter() - tick
     progress("secure sums: normalise and scan")
     market.compute_nodes = handles  # killed with the market
     restarts, session_ready = 0, False

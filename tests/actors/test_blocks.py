@@ -26,6 +26,8 @@ from dpmarket.protocol.summary.messages import AskBody, EpochBody
 from dpmarket.protocol.summary.owner import Owner
 from dpmarket.protocol.wire.codec import Message, decode, encode
 from dpmarket.protocol.wire.errors import RemoteProtocolError
+from dpmarket.streams.race.columns import SketchColumns
+from dpmarket.streams.race.lsh import make_family
 from dpmarket.streams.race.sketch import RaceSketch
 from tests.actors.test_dcaowner import SKETCH, _session, _set_up
 from tests.small import small_curator, small_params, small_scenario
@@ -83,9 +85,12 @@ def test_every_block_spent_reads_nothing_and_a_replay_reads_the_same(tmp_path: P
     assert len(gate.store.events(2)) == 1
 
 
-def test_sketch_path_never_reads_a_retired_block(
+def test_sketch_path_never_counts_a_retired_block(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Records are hashed as they arrive, retired or not (streams/race/columns.py), but the
+    counters a round sends are those of the live records alone: the sketch of the 15 records
+    outside the retired block, none of the block's marker records."""
     config, nodes, owners = _session()
     _set_up(config, nodes, owners)
     owner = owners["owner-0"]
@@ -95,20 +100,36 @@ def test_sketch_path_never_reads_a_retired_block(
     gate.arrived(0, 20, 0.0)
     spent = MechanismEvent("gaussian", (("sigma", 0.2),), 1.0)
     gate.store.charge_blocks("earlier", "earlier", [spent], [0])  # block 0 cannot pay: retired
-    seen: list[np.ndarray] = []
-    real_update = RaceSketch.update
-
-    def spy(self: RaceSketch, X: np.ndarray) -> None:
-        seen.append(np.array(X))
-        real_update(self, X)
-
-    monkeypatch.setattr(RaceSketch, "update", spy)
+    counted = spy_counters(monkeypatch)
     spec = owner.trust.plan.spec("scan", 2)
     frames = gated_contribute(owner, gate, records, spec, "sketch", SKETCH)
-    assert frames and len(seen) == 1
-    assert len(seen[0]) == 15 and not np.any(np.all(seen[0] == np.float32(2.5), axis=1))
+    assert frames and len(counted) == 1
+    np.testing.assert_array_equal(counted[0], sketch_of(records[5:]))
+    assert counted[0].sum() == 15 * SKETCH["rows"]  # the block's 5 records counted nowhere
     rows = gate.store.rows("run-1")
     assert sorted(r["block"] for r in rows if r["state"] == "charged") == [1, 2, 3]
+
+
+def spy_counters(monkeypatch: pytest.MonkeyPatch) -> list[np.ndarray]:
+    """Every counter vector an owner's sketch contribution counts, as it is counted
+    (``SketchColumns.counters``)."""
+    counted: list[np.ndarray] = []
+    real_counters = SketchColumns.counters
+
+    def spy(self: SketchColumns, start: int = 0, live: np.ndarray | None = None) -> np.ndarray:
+        counted.append(real_counters(self, start, live))
+        return counted[-1]
+
+    monkeypatch.setattr(SketchColumns, "counters", spy)
+    return counted
+
+
+def sketch_of(records: np.ndarray) -> np.ndarray:
+    """The counters of a RACE sketch (SKETCH's parameters) of exactly ``records``."""
+    family = make_family("l2", 2, SKETCH["rows"], SKETCH["seed"], bandwidth=SKETCH["bandwidth"])
+    sketch = RaceSketch(family, SKETCH["width"], backend="numpy")
+    sketch.update(records.astype(np.float32))
+    return sketch.counter_vector()
 
 
 def test_bid_path_never_offers_a_retired_record() -> None:

@@ -17,7 +17,7 @@ from dpmarket.actors.parties.dcaowner import gated_contribute
 from dpmarket.protocol.privacy.filter import RenyiFilter
 from dpmarket.protocol.privacy.ledger import ADD_REMOVE, MechanismEvent
 from dpmarket.protocol.securesum.spec import RoundSpec
-from dpmarket.streams.race.sketch import RaceSketch
+from tests.actors.test_blocks import sketch_of, spy_counters
 from tests.actors.test_dcaowner import SKETCH, _session, _set_up
 
 DELTA = 1e-5
@@ -90,9 +90,11 @@ def test_a_spent_window_retires_and_new_windows_arrive_with_full_budgets(tmp_pat
         assert gate.store.filter.spent(gate.store.events(block)) <= gate.store.filter.epsilon
 
 
-def test_sketch_and_bid_paths_never_read_a_retired_window(
+def test_sketch_and_bid_paths_never_count_a_retired_window(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The sketch a round sends counts the 14 records of the live window alone (all 20 were
+    hashed when they arrived); the party bids none of the retired window's records."""
     config, nodes, owners = _session()
     _set_up(config, nodes, owners)
     owner = owners["owner-0"]
@@ -103,19 +105,13 @@ def test_sketch_and_bid_paths_never_read_a_retired_window(
     gate.arrived(6, 14, at=40.0)  # window 1
     spent = MechanismEvent("gaussian", (("sigma", 0.2),), 1.0)
     gate.store.charge_blocks("earlier", "earlier", [spent], [0])  # window 0 cannot pay: retired
-    seen: list[np.ndarray] = []
-    real_update = RaceSketch.update
-
-    def spy(self: RaceSketch, X: np.ndarray) -> None:
-        seen.append(np.array(X))
-        real_update(self, X)
-
-    monkeypatch.setattr(RaceSketch, "update", spy)
+    counted = spy_counters(monkeypatch)
     frames = gated_contribute(
         owner, gate, records, owner.trust.plan.spec("scan", 2), "sketch", SKETCH
     )
-    assert frames and len(seen) == 1
-    assert len(seen[0]) == 14 and not np.any(np.all(seen[0] == np.float32(2.5), axis=1))
+    assert frames and len(counted) == 1
+    np.testing.assert_array_equal(counted[0], sketch_of(records[6:]))
+    assert counted[0].sum() == 14 * SKETCH["rows"]  # the first window's 6 counted nowhere
     assert _charged(gate, "") == [1]
     live = gate.summary_gate(20)  # what the owner actor lets the party bid (Owner.retire(~live))
     assert live is not None and not live[:6].any() and live[6:].all()

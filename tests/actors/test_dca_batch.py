@@ -139,8 +139,8 @@ class _Market:
         return await self.hub.round(spec, "moments", MOMENTS, timeout=60.0)
 
     async def scan(self) -> RoundResult:
-        """The second round: every owner's RACE sketch counters (the batch's owners sketched
-        with the kernels on one thread, actors/parties/owner.py ``_one_kernel_thread``)."""
+        """The second round: every owner's RACE sketch counters (counted from the columns
+        each owner kept as its records arrived, streams/race/columns.py)."""
         return await self.hub.round(self.plan.spec("scan", 2), "sketch", SKETCH, timeout=60.0)
 
     def calls(self, method: str) -> int:
@@ -289,17 +289,6 @@ async def test_a_host_batches_only_the_secure_sum_calls() -> None:
     assert set(answer.errors) == {"owner-9", "owner-0"} and answer.results == {}
     assert "not hosted here" in answer.errors["owner-9"]
     assert "before dca_setup" in answer.errors["owner-0"]
-
-
-async def test_a_batch_leaves_the_kernels_thread_count_as_it_found_it() -> None:
-    """Inside a batch the sketch kernels run on one thread; after it (and after a failing
-    owner) the thread's own setting is back."""
-    numba = pytest.importorskip("numba")
-    before = numba.get_num_threads()
-    market = _Market([OWNERS], dims={"owner-1": DIM + 1})
-    await market.normalise()
-    await market.scan()
-    assert market.hub.absent[1] == ["owner-1"] and numba.get_num_threads() == before
 
 
 async def test_a_node_spawned_before_the_owners_keys_takes_part_only_once_begun() -> None:

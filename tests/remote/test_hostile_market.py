@@ -359,11 +359,11 @@ def test_a_call_below_the_floor_or_beyond_the_plan_gets_nothing_and_an_honest_ro
 def test_a_warm_up_call_carrying_the_markets_own_work_figure_is_refused(
     m: Market, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The owner decides from its own accepted plan whether its warm-up loads the compiled
-    kernels (owneragent ``_hashing``); a market that sends its own figure with the call (to
-    make every owner load them, or none) gets the call refused naming the argument (the
-    gateway's default, 0.0, and the owner's error), nothing is charged, and the owner's own
-    warm-up still answers."""
+    """The owner's warm-up takes nothing from the market (it hashes its own records for its
+    own accepted plan's sketches); a market that sends a figure of its own with the call (a
+    work estimate, to steer what the owner does before the rounds) gets the call refused
+    naming the argument (the gateway's default, 0.0, and the owner's error), nothing is
+    charged, and the owner's own warm-up still answers."""
     from dpmarket.actors.remote import control
 
     config = _session(m)

@@ -105,35 +105,6 @@ def test_parsing_past_the_threshold_loads_the_compiled_scanner_with_the_same_rec
     assert out["same"]
 
 
-WARM_UP = """
-import asyncio, json, sys
-import numpy as np
-from dpmarket.actors.parties.owner import OwnerHost
-from dpmarket.actors.randomness import NoiseSource
-from dpmarket.streams.race.kernels import NUMBA_FROM
-rng = np.random.default_rng(0)
-owners = {{f"owner-{{i}}": (rng.normal(size=(500, 13)), None) for i in range(4)}}
-host = OwnerHost("warm", owners, NoiseSource.secure())
-per_record = {per_record}
-asyncio.run(host.warm_up(None if per_record < 0 else per_record))
-print(json.dumps({{"loaded": "numba" in sys.modules, "threshold": NUMBA_FROM}}))
-"""
-
-
-@pytest.mark.parametrize(
-    ("per_record", "loaded"),
-    [(256 * 13, False), ((1 << 28) // 2000 + 1, True), (-1, True)],
-    ids=["a scan of 2000 records at 256 rows", "a scan past NUMBA_FROM", "no plan given"],
-)
-def test_an_owner_hosts_warm_up_loads_the_kernels_only_when_its_scan_would_use_them(
-    per_record: int, loaded: bool
-) -> None:
-    """Four owners of 500 records each: a scan at 256 rows of 13 features hashes with numpy,
-    so the warm-up loads nothing; work per record making the four scans pass NUMBA_FROM, or
-    no plan to tell (a caller that gives none), loads the kernels before the round."""
-    assert _fresh(WARM_UP.format(per_record=per_record))["loaded"] is loaded
-
-
 HELD = """
 import asyncio, json, sys
 import numpy as np
@@ -153,29 +124,32 @@ keys = {{n: node.public_key for n, node in nodes.items()}}
 async def main():
     for owner in OWNERS:
         await host.dca_setup(owner, config, keys)
-    await host.warm_up({per_record})
+    {late}
+    await host.warm_up()
     warmed = "numba" in sys.modules
+    hashed = {{o: [c.n for c in host._hosted[o].dca.columns.values()] for o in OWNERS}}
     spec, options = trust.plan.spec("scan", 1), trust.plan.options("scan")
     calls = {{o: (spec, "sketch", options) for o in OWNERS}}
     answers = await host.for_owners("dca_contribute", calls)
-    return warmed, answers
+    return warmed, hashed, answers
 
-warmed, answers = asyncio.run(main())
-print(json.dumps({{"warmed": warmed, "after": "numba" in sys.modules,
+warmed, hashed, answers = asyncio.run(main())
+print(json.dumps({{"warmed": warmed, "after": "numba" in sys.modules, "hashed": hashed,
                   "answered": sorted(answers.results), "errors": answers.errors}}))
 """
 
 
 @pytest.mark.parametrize(
-    ("per_record", "warmed"), [(0, False), (1 << 12, True)], ids=["numpy held", "numba warmed"]
+    "late",
+    ["pass", "host._hosted[OWNERS[0]].dca.columns.clear()"],
+    ids=["hashed on arrival", "hashed by the warm-up"],
 )
-def test_a_host_keeps_the_backend_its_warm_up_settled_for_every_round(
-    per_record: int, warmed: bool
-) -> None:
-    """A warm-up that settles numpy (its figure says the scan is small) is held: a scan round
-    whose hashing is far past NUMBA_FROM still runs on numpy, so numba is never loaded inside
-    the round (nor imported to limit its threads); a warm-up that settles numba loads it
-    before the round. Every owner answers either way."""
-    out = _fresh(HELD.format(per_record=per_record))
-    assert out["warmed"] is warmed and out["after"] is warmed
+def test_an_owner_host_never_loads_numba_for_the_secure_sums(late: str) -> None:
+    """Four owners whose scan hashes far past NUMBA_FROM: their records were hashed with
+    numpy when they arrived (or, for records not hashed then, by the warm-up), and the round
+    only counts the kept columns, so neither the warm-up nor the round loads numba, and every
+    owner answers."""
+    out = _fresh(HELD.format(late=late))
+    assert out["warmed"] is False and out["after"] is False
+    assert out["hashed"] == {o: [500] for o in ("owner-0", "owner-1", "owner-2", "owner-3")}
     assert out["answered"] == ["owner-0", "owner-1", "owner-2", "owner-3"] and not out["errors"]
