@@ -9,27 +9,40 @@ deployment uses (randomgen's ChaCha20 from OS entropy, ``NoiseSource.secure``), 
   from ``cryptography`` under keys drawn from the generator, exact base-2 discrete Laplace
   proposal, passes sized by the exact emission rate;
 * **baseline** -- the previous sampler, copied below unchanged (:func:`baseline_sample`):
-  exponentials and sign bits straight from the numpy generator, passes of 1.6x the remainder.
+  exponentials and sign bits straight from the numpy generator, passes of 1.6x the remainder;
+* **--against REV** (optional) -- ``protocol/privacy/dgauss.py`` as it was at git revision REV
+  (``git show``, loaded as a module), timed in the same rounds: what a change to the sampler
+  costs.
 
-    python benchmarks/dgauss_speed.py [--repeats 3]
+It also times the exact acceptance path alone: every candidate of a call of 2,000 draws forced
+through it (the float margin widened), its cost per candidate, and that cost times the
+probability that the float path leaves a candidate to it (at most 130 * 2^-52).
+
+    python benchmarks/dgauss_speed.py [--repeats 3] [--against REV]
 
 Prints a table (best of ``--repeats``) and, as its last line, ``{"benchmark": "dgauss_speed",
-"rows": [...], "speedup_512x12800": ratio}``.
+"rows": [...], "speedup_512x12800": ratio, "exact_path": {...}}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from dpmarket.actors.randomness import NoiseSource
-from dpmarket.protocol.privacy.dgauss import sample_discrete_gaussian
+from dpmarket.protocol.privacy import dgauss
+from dpmarket.protocol.privacy.dgauss import Proposal, sample_discrete_gaussian
 
 Sampler = Callable[[float, int, np.random.Generator], npt.NDArray[np.int64]]
 
@@ -91,28 +104,80 @@ def best_round(sampler: Sampler, sigma: float, calls: int, d: int, repeats: int)
     return best
 
 
+def sampler_at(revision: str) -> Sampler:
+    """``sample_discrete_gaussian`` of ``protocol/privacy/dgauss.py`` at git ``revision``."""
+    root = Path(__file__).resolve().parents[1]
+    source = subprocess.run(
+        ["git", "show", f"{revision}:protocol/privacy/dgauss.py"],
+        cwd=root, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    path = Path(tempfile.mkdtemp()) / "dgauss_at_revision.py"
+    path.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("dgauss_at_revision", path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dgauss_at_revision"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    sampler: Sampler = module.sample_discrete_gaussian
+    return sampler
+
+
+def exact_path_cost(sigma: float, draws: int) -> dict[str, float]:
+    """Seconds per candidate with every candidate decided by the exact path (the float margin
+    widened past any D), and that cost per draw at the float path's hand-over probability."""
+    candidates = draws / Proposal.of(sigma).rate
+    saved = dgauss._MARGIN
+    dgauss._MARGIN = 2.0**60
+    try:
+        start = time.perf_counter()
+        sample_discrete_gaussian(sigma, draws, NoiseSource.secure().generator("bench:exact"))
+        seconds = time.perf_counter() - start
+    finally:
+        dgauss._MARGIN = saved
+    per_candidate = seconds / candidates
+    handed_over = 130 * 2.0**-52 / Proposal.of(sigma).rate  # at most, per draw
+    return {"sigma": sigma, "draws": draws, "us_per_candidate": round(per_candidate * 1e6, 1),
+            "expected_ns_per_draw": per_candidate * handed_over * 1e9}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="rounds per case (best is kept)")
+    parser.add_argument("--against", default=None, help="git revision to time as well")
     args = parser.parse_args()
+    other = sampler_at(args.against) if args.against else None
     rows = []
     for label, sigma, calls, d in CASES:
         baseline = best_round(baseline_sample, sigma, calls, d, args.repeats)
         new = best_round(sample_discrete_gaussian, sigma, calls, d, args.repeats)
-        rows.append({"case": label, "sigma": sigma, "calls": calls, "d": d,
-                     "baseline_s": round(baseline, 4), "new_s": round(new, 4),
-                     "new_ns_per_draw": round(new / (calls * d) * 1e9, 1),
-                     "speedup": round(baseline / new, 2)})  # fmt: skip
+        row = {"case": label, "sigma": sigma, "calls": calls, "d": d,
+               "baseline_s": round(baseline, 4), "new_s": round(new, 4),
+               "new_ns_per_draw": round(new / (calls * d) * 1e9, 1),
+               "speedup": round(baseline / new, 2)}  # fmt: skip
+        if other is not None:
+            at_revision = best_round(other, sigma, calls, d, args.repeats)
+            row["against_s"] = round(at_revision, 4)
+            row["new_over_against"] = round(new / at_revision, 3)
+        rows.append(row)
     print(f"discrete Gaussian sampler, best of {args.repeats} rounds (seconds per round)")
+    against = f" {args.against[:10]:>10} {'new/it':>7}" if other is not None else ""
     print(f"{'case':<46} {'sigma':>8} {'calls x d':>13} {'baseline':>9} {'new':>8} "
-          f"{'ns/draw':>8} {'speedup':>8}")  # fmt: skip
+          f"{'ns/draw':>8} {'speedup':>8}{against}")  # fmt: skip
     for row in rows:
         shape = f"{row['calls']} x {row['d']}"
         timing = f"{row['baseline_s']:>9.4f} {row['new_s']:>8.4f} {row['new_ns_per_draw']:>8.1f}"
-        print(
-            f"{row['case']:<46} {row['sigma']:>8.3g} {shape:>13} {timing} {row['speedup']:>7.2f}x"
-        )
-    result = {"benchmark": "dgauss_speed", "rows": rows, "speedup_512x12800": rows[0]["speedup"]}
+        case = f"{row['case']:<46} {row['sigma']:>8.3g} {shape:>13}"
+        line = f"{case} {timing} {row['speedup']:>7.2f}x"
+        if other is not None:
+            line += f" {row['against_s']:>10.4f} {row['new_over_against']:>7.3f}"
+        print(line)
+    exact = exact_path_cost(6.0, 2000)
+    print(f"exact path alone (sigma {exact['sigma']:g}): {exact['us_per_candidate']} us per "
+          f"candidate; at <= 130 * 2^-52 of candidates: {exact['expected_ns_per_draw']:.1e} ns "
+          "per draw")  # fmt: skip
+    result = {"benchmark": "dgauss_speed", "rows": rows, "speedup_512x12800": rows[0]["speedup"],
+              "exact_path": exact}  # fmt: skip
     print(json.dumps(result))
 
 

@@ -11,24 +11,28 @@ Calibration (Heikkilä et al. 2017, Sec. 3.1 and Theorem 1 / supplement Sec. 9):
 
 Sampling: :func:`sample_discrete_gaussian` draws N_Z(0, sigma^2), the discrete Gaussian on the
 integers (P(y) proportional to exp(-y^2 / (2 sigma^2))), by the rejection sampler of Canonne,
-Kamath & Steinke (2020, Algorithms 2 and 3) vectorised over the batch. The proposal is the
-discrete Laplace with ratio 2^(-1/t) per step (scale tau = t / ln 2) for the power of two
-t = 2^k with the best acceptance rate (near t = sigma ln 2), drawn exactly from uniform bits:
-X = V t + R with V the number of trailing zero bits of one word (P(V = j) = 2^-(j+1)) and R the
-top k bits of another. A sign bit maps X to Y = X or Y = -(X + 1) (so 0 is proposed once and no
-"-0" needs rejecting). CKS's inner Bernoulli(2^(-R/t)) and Algorithm 3's acceptance multiply to
-one test: accept with probability pi = 2^V exp(-(Y^2 + c^2) / (2 sigma^2)), c = sigma^2 / tau
-(pi <= 1 since Y^2 + c^2 >= 2 |Y| c and |Y| >= V t). A candidate is then emitted as y with
-probability exp(-c^2 / (2 sigma^2)) exp(-y^2 / (2 sigma^2)) / (4t): exactly N_Z(0, sigma^2), at
-the rate Theta(sigma) exp(-c^2 / (2 sigma^2)) / (4t) (>= 0.246, >= 0.488 for sigma >= 2) by
-which each pass is sized. The output lies on the integer grid, so no low-order bits of a
-floating-point draw are released.
+Kamath & Steinke (2020, Algorithms 2 and 3) vectorised over the batch. For the power of two
+t = 2^k with the best acceptance rate (near t = sigma ln 2) a candidate X = V t + R is drawn
+exactly from uniform bits: V the number of trailing zero bits of one word (P(V = j) = 2^-(j+1)),
+R the top k bits of another (uniform on [0, t)). This block-geometric X is not itself a
+discrete Laplace: P(X = x) = 2^-(V+1) / t is flat within a block. CKS's inner
+Bernoulli(2^(-R/t)), which would make it the discrete Laplace with ratio 2^(-1/t) per step
+(scale tau = t / ln 2), is merged into the acceptance test instead. A sign bit maps X to Y = X
+or Y = -(X + 1) (so 0 is proposed once and no "-0" needs rejecting). That Bernoulli and
+Algorithm 3's acceptance multiply to one test: accept with probability
+pi = 2^V exp(-(Y^2 + c^2) / (2 sigma^2)), c = sigma^2 / tau (pi <= 1 since Y^2 + c^2 >= 2 |Y| c
+and |Y| >= V t). A candidate is then emitted as y with probability
+exp(-c^2 / (2 sigma^2)) exp(-y^2 / (2 sigma^2)) / (4t): exactly N_Z(0, sigma^2), at the rate
+Theta(sigma) exp(-c^2 / (2 sigma^2)) / (4t) (>= 0.2461 for every sigma, >= 0.4877 for
+sigma >= 2; minima 0.24616 and 0.48779) by which each pass is sized. The output lies on the
+integer grid, so no low-order bits of a floating-point draw are released.
 
 Randomness. The caller's ``numpy.random.Generator`` is the only source: each call draws fresh
 256-bit keys from it (a new key every :data:`WORDS_PER_KEY` words, zero nonce, never reused,
 stored, returned or logged) and expands them with OpenSSL's ChaCha20 through ``cryptography``
 (:class:`Keystream`), three 64-bit words per candidate at about 2 ns a word (randomgen's
-ChaCha behind numpy takes about 18). The same generator state gives the same output
+ChaCha behind numpy takes about 18), plus further words, in a fixed order, for the rare
+candidates decided exactly (below). The same generator state gives the same output
 (reproducible simulation); a deployed generator keyed from OS entropy gives noise nobody can
 regenerate. Computational assumption: ChaCha20 under a uniformly random key is a pseudorandom
 generator, so to a computationally bounded adversary the words are uniform and the guarantee
@@ -36,37 +40,61 @@ below holds as long as the caller's generator is a CSPRNG with a secret key
 (``actors/randomness.py``); noise from a seeded (public) generator has no privacy at all.
 
 Guarantee: the law of one draw against N_Z(0, sigma^2), given uniform words. R, V and the sign
-are exact. The acceptance test is the only inexact step: in float64, accept iff
-m exp(s^2 / 2) 2^-53 < 2^V exp(-Y^2 / (2 sigma^2)), m the low 53 bits of the third word,
-s = sigma / tau <= 1.36. With every operation's relative error <= 2^-53 and np.exp's <= e_exp
-2^-53, the accepted m are those below some M with |M 2^-53 - pi| <= eps_pi =
-(6.6 + 4 max(pi z) + 2 e_exp) 2^-53, z = Y^2 / (2 sigma^2), pi z <= 1.71; with e_exp <= 2
-(1.15 measured on numpy 2.4) eps_pi <= 18 * 2^-53, which ``tests/protocol/privacy/
-test_dgauss.py`` checks against exact decimal arithmetic (largest deviation seen: 3.1 units).
-Where pi > 2^-100, |Y| < 2^53 is exact in float64; a V word of 0 or 2^63 (probability 2^-63) is
-always rejected. The candidates' law being exact, one draw is within total-variation distance
-tau_1 <= (eps_pi + 2^-63) / (rate - eps_pi) <= 8.2e-15 of N_Z(0, sigma^2) (4.1e-15 for
-sigma >= 2). A mechanism that is (eps, delta)-DP with ideal noise and whose noise is within TV
-tau of it is (eps, delta + (1 + e^eps) tau)-DP per release. d = 12,800 draws: tau <= 1.04e-10,
-delta grows by at most 3.9e-10 at eps = 1. A secure-sum release rests on every contributing
-owner's share: 1024 owners x 12,800 draws give tau <= 1.07e-7 and at eps = 1 at most 4.0e-7 more
-delta (2.0e-7 for sigma >= 2; 4% and 2% of delta = 1e-5; worst-case bounds). A geometric built
-as floor(t E) from a float64 exponential E (the previous sampler) cannot do as well: each of
-its ~10 sigma bin probabilities is resolved only to about 2^-53, so its TV grows like
-sigma 2^-53 per draw (about 1e-7 at the grid sigma of 1e9 that 32 fractional bits give);
-the exact discrete Laplace above avoids it.
+are exact, and so is the acceptance test. U in [0, 1) is read from the third word's low 52 bits
+m and, where needed, further keystream words; the ideal test is U < pi. With P = pi 2^52 (one
+unit is 2^-52): accept surely if m + 1 <= P, reject surely if m >= P, else (m = floor(P))
+U's further bits decide. The pass computes in float64 P^ = fl(np.exp(fl(fl(Y^2) scale))
+2^V pi_factor) and D = fl(P^ - m), and decides there only where a margin of A = 64 units
+proves the decision: accept if D > 1 + A, reject if D <= -A. Every other candidate (m within
+65 of P: probability <= 130 * 2^-52 ~ 2^-45) goes to :func:`~dpmarket.protocol.privacy.
+acceptance.accept_exactly`, which decides U < pi exactly (rigorous decimal brackets of pi, as
+many further words as needed).
+
+Why every float decision is right: with u = 2^-53, fl(Y) exact below 2^53 (within u above)
+and scale = fl(-0.5 / fl(sigma^2)) within 2u, the exponent -z = -Y^2 / (2 sigma^2) is computed
+within 6u relative, so its exp is off by a factor within 6.02 u z (z < 709 where np.exp's
+result is a normal float); np.exp adds e_exp ulps (at most 2 e_exp u); 2^V pi_factor is exact,
+pi_factor (the float nearest 2^52 exp(-s^2 / 2), s = sigma ln 2 / t <= 1.36) is off by u and
+the product by u. So |P^ - P| <= (2.01 + 2 e_exp + 6.02 z) u P = (1.01 + e_exp + 3.01 z) pi
+units, and pi z <= max_q (q^2 / 2) exp(-(q - s)^2 / 2) <= 1.71 (q = |Y| / sigma, as
+2^V <= exp(q s)): |P^ - P| <= 6.2 + e_exp units. Where np.exp's result is subnormal or 0, P and
+P^ are below 2^-900. Subtracting from P^ (at most 2^52 (1 + 2^-40)) the float 2^52 + m, whose
+bits are m's, rounds by at most half a unit. So |D - (P - m)| <= 6.7 + e_exp, below A as long
+as np.exp is within 57 ulps (the assumption; measured: 0.65 ulps on numpy 2.4, and
+``tests/protocol/privacy/test_dgauss.py`` checks |P^ - P| against exact decimal arithmetic,
+largest deviation seen 1.5 units). Then D > 1 + A gives m + 1 < P and D <= -A gives m >= P:
+the exact test's decisions.
+
+What is left is the block cap: a V word of 2^63 or 0 (V >= 63, probability 2^-63) is always
+rejected (by both paths), so the draws follow N_Z(0, sigma^2) conditioned on
+-63 t <= Y < 63 t. As s <= 1.36, 63 t >= 32.1 sigma, and the total-variation distance of one
+draw from N_Z(0, sigma^2) is at most 2 P(Y >= 63 t) < 2^-743 (for sigma >= 1 the tail sum is
+below exp(-(63 t)^2 / (2 sigma^2)) (1 / sigma + sigma / (63 t)) / sqrt(2 pi); for sigma < 1,
+t >= 1 and it is below exp(-1984)). A mechanism that is (eps, delta)-DP with ideal noise and
+whose noise is within TV tau of it is (eps, delta + (1 + e^eps) tau)-DP per release; 1024
+owners x 12,800 draws give tau < 2^-719 (about 1e-216), nothing next to any delta. The
+remaining assumptions are the two above (ChaCha20 a PRG under a secret key from a CSPRNG;
+np.exp within 57 ulps for the float path's margin) and, outside this module, the calibration:
+the secure sums calibrate and account their sum of per-client discrete Gaussian shares (grid
+sigma >= 4 each, ``protocol/securesum/spec.py``) as one continuous Gaussian. That gap is
+negligible, not zero: a discrete Gaussian has the zero-concentrated DP of the continuous one
+(Canonne, Kamath & Steinke 2020), and a sum of such shares is within a term Kairouz, Liu &
+Steinke (2021) bound by 10 n exp(-pi^2 sigma^2) (below 1e-60 here) of one discrete Gaussian.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import numbers
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms
+
+from dpmarket.protocol.privacy.acceptance import accept_exactly, pi_factor
+from dpmarket.protocol.privacy.keystream import WORDS_PER_KEY, Keystream
 
 __all__ = [
     "CALIBRATIONS",
@@ -174,58 +202,14 @@ def client_sigma(sigma_std: float, n_clients: int, tolerance: int) -> float:
 
 # --- the sampler (guarantee in the module docstring) ------------------------------------------
 
-_U64 = npt.NDArray[np.uint64]
 _CHUNK = 1 << 14  # candidates per vectorised pass: the pass's arrays stay in L2 cache
 _WORDS = 3  # keystream words per candidate: R, V, acceptance (its top bit the sign)
-WORDS_PER_KEY = 1 << 22  # ChaCha20 words under one key: 2^19 blocks, far below the 2^32 counter
-_ZEROS = memoryview(bytes(8 * _WORDS * _CHUNK))  # ChaCha20 encrypts zeros to its keystream
-_MASK53 = np.uint64((1 << 53) - 1)
-_MASK64 = (1 << 64) - 1
+_MASK52 = np.uint64((1 << 52) - 1)
+_TWO52 = 2.0**52
+_TWO52_BITS = np.uint64(0x4330000000000000)  # the float 2^52: OR-ing m < 2^52 in gives 2^52 + m
 _TINY_SIGMA = 2.0**-30  # below this P(Y != 0) < 2 exp(-2^59): every draw is 0
+_MARGIN = 64.0  # A: the float path decides only where |D - (P - m)| <= 6.7 + e_exp < A
 _LN2 = math.log(2.0)
-
-
-class Keystream:
-    """Uniform 64-bit words for one call: OpenSSL's ChaCha20 (through ``cryptography``) under
-    keys drawn from the caller's generator, a fresh key every ``words_per_key`` words.
-
-    A key is 4 raw words of ``rng``'s bit generator, each XOR-ed with another raw word shifted
-    left by 32, so it is uniform also when raw words carry only 32 bits (numpy's MT19937). The
-    nonce is zero and no key serves twice; a key lives only in this call's cipher object and is
-    never stored, returned or logged.
-    """
-
-    def __init__(self, rng: np.random.Generator, words_per_key: int = WORDS_PER_KEY) -> None:
-        if (
-            isinstance(words_per_key, bool)
-            or not isinstance(words_per_key, int)
-            or words_per_key < 1
-        ):
-            raise ValueError(f"words_per_key must be an integer >= 1, got {words_per_key!r}")
-        self._rng = rng
-        self._per_key = words_per_key
-        self._left = 0
-        self._cipher: CipherContext | None = None
-        self.keys = 0  # keys drawn so far
-
-    def _rekey(self) -> CipherContext:
-        raw = self._rng.bit_generator.random_raw(8).tolist()
-        key = struct.pack("<4Q", *(((raw[i] ^ (raw[i + 4] << 32)) & _MASK64) for i in range(4)))
-        self.keys += 1
-        self._left = self._per_key
-        return Cipher(algorithms.ChaCha20(key, bytes(16)), None).encryptor()
-
-    def fill(self, out: _U64) -> None:
-        """Overwrite the contiguous 1-d ``out`` with the next ``out.size`` words."""
-        done = 0
-        while done < out.size:
-            if self._cipher is None or self._left == 0:
-                self._cipher = self._rekey()
-            n = min(out.size - done, self._left, len(_ZEROS) // 8)
-            target = out[done : done + n].view(np.uint8).data  # a writable memoryview
-            self._cipher.update_into(_ZEROS[: 8 * n], target)
-            self._left -= n
-            done += n
 
 
 def discrete_gaussian_mass(sigma: float) -> float:
@@ -239,17 +223,18 @@ def discrete_gaussian_mass(sigma: float) -> float:
 
 @dataclass(frozen=True)
 class Proposal:
-    """The constants of one sigma: block bits k (t = 2^k, Laplace scale tau = t / ln 2), the
-    emission rate and the two float factors of the acceptance test."""
+    """The constants of one sigma: block bits k (t = 2^k; with the merged Bernoulli the
+    proposal is the discrete Laplace of scale tau = t / ln 2), the emission rate and the float
+    constants of the vectorised pass."""
 
     sigma: float
     k: int
     rate: float  # P(a candidate is emitted) = Theta(sigma) exp(-s^2 / 2) / (4 t), s = sigma/tau
     scale: float  # -1 / (2 sigma^2)
-    uniform_factor: float  # exp(s^2 / 2) 2^-53: moves the constant of pi onto the uniform
+    pi_factor: float  # the float nearest 2^53 exp(-s^2 / 2): P = 2^V exp(-z) pi_factor
     exponent_shift: np.uint64  # 52 - k: a float's exponent field, times t
     block_shift: np.uint64  # 64 - k: R, the top k bits of a word
-    bias: np.uint64  # 1023 t, the exponent bias times t
+    bias: np.uint64  # pi_factor's bits >> (52 - k): the shifted bits of 2^V pi_factor at V = 0
 
     @staticmethod
     def rate_at(sigma: float, k: int) -> float:
@@ -264,11 +249,11 @@ class Proposal:
         """The power of two t next to sigma ln 2 with the higher rate (k >= 0)."""
         low = max(0, math.floor(math.log2(sigma * _LN2)))
         k = max((low, low + 1), key=lambda j: cls.rate_at(sigma, j))
-        s = sigma * _LN2 / 2.0**k
-        uniform_factor = math.exp(s * s / 2) * 2.0**-53
+        factor = pi_factor(sigma, k)
         rate, scale = cls.rate_at(sigma, k), -0.5 / (sigma * sigma)
-        shifts = np.uint64(52 - k), np.uint64(64 - k), np.uint64(1023 << k)
-        return cls(sigma, k, rate, scale, uniform_factor, *shifts)
+        factor_bits = struct.unpack("<Q", struct.pack("<d", factor))[0]
+        shifts = np.uint64(52 - k), np.uint64(64 - k), np.uint64(factor_bits >> (52 - k))
+        return cls(sigma, k, rate, scale, factor, *shifts)
 
 
 class _Pass:
@@ -291,38 +276,93 @@ class _Pass:
         self.bits, self.signed = block[3 * size : 4 * size], block[4 * size : 5 * size]
         self.power = block[5 * size : 6 * size].view(np.float64)
         self.bound = block[6 * size : 7 * size].view(np.float64)
-        self.keep = block[7 * size :].view(np.bool_)[:size]
+        flags = block[7 * size :].view(np.bool_)
+        self.keep, self.near = flags[:size], flags[size : 2 * size]
         self.bits_int, self.draws = self.bits.view(np.int64), self.signed.view(np.int64)
 
-    def run(self, proposal: Proposal) -> npt.NDArray[np.int64]:
-        """One pass over the candidates of ``self.words`` (filled by the caller): the emitted
-        draws. Ufuncs take their output positionally (about 0.1 us less per call)."""
+    def estimate(self, proposal: Proposal) -> None:
+        """The candidates Y of ``self.words`` into ``self.draws`` and P^, the float64 value of
+        pi 2^52 (module docstring), into ``self.bound``. Ufuncs take their output positionally
+        (about 0.1 us less per call)."""
         w_r, w_v, w_u, bits, signed = self.w_r, self.w_v, self.w_u, self.bits, self.signed
         power, bound = self.power, self.bound
-        # 2^V, the lowest set bit of w_v (0 for a zero word), as a float: exponent field V + 1023
+        # 2^V, the lowest set bit of w_v (0 for a zero word), times pi_factor: exact, and its
+        # exponent field is V plus pi_factor's (2^63 -> -2^63 pi_factor, 0 -> 0: never accepted)
         np.negative(w_v, bits)
         np.bitwise_and(bits, w_v, bits)
-        np.copyto(power, self.bits_int)  # 2^63 -> -2^63, 0 -> 0: both never accepted
-        # X = V t + R: the exponent field shifted to bit k is (V + 1023) t, R the top k bits of
-        # w_r (uint64 arithmetic, so a never-accepted zero word wraps harmlessly)
+        np.multiply(self.bits_int, proposal.pi_factor, power)
+        # X = V t + R: the bits from the exponent field on, shifted so the field lands at bit k,
+        # less those of pi_factor alone, are V t; R is the top k bits of w_r (uint64
+        # arithmetic, so the never-accepted words wrap harmlessly)
         np.right_shift(power.view(np.uint64), proposal.exponent_shift, signed)
+        np.subtract(signed, proposal.bias, signed)
         if proposal.k:
             np.right_shift(w_r, proposal.block_shift, bits)
             np.bitwise_or(signed, bits, signed)
-        np.subtract(signed, proposal.bias, signed)
         # the sign is w_u's top bit: Y = X or -(X + 1) = ~X, so 0 is proposed once
         np.right_shift(w_u.view(np.int64), 63, self.bits_int)
         np.bitwise_xor(signed, bits, signed)
-        # accept iff m exp(s^2/2) 2^-53 < 2^V exp(-Y^2 / (2 sigma^2)), m the low 53 bits of w_u
+        # P^ = exp(Y^2 * scale) 2^V pi_factor
         np.copyto(bound, self.draws)  # exact below 2^53
         np.multiply(bound, bound, bound)
         np.multiply(bound, proposal.scale, bound)
         np.exp(bound, bound)
         np.multiply(bound, power, bound)
-        np.bitwise_and(w_u, _MASK53, bits)
-        np.multiply(self.bits_int, proposal.uniform_factor, power)
-        np.less(power, bound, self.keep)
-        return np.compress(self.keep, self.draws)  # 4x faster than draws[keep] on a random mask
+
+    def run(self, proposal: Proposal, stream: Keystream) -> npt.NDArray[np.int64]:
+        """One pass over the candidates of ``self.words`` (filled by the caller from
+        ``stream``): the emitted draws, in candidate order. With D = fl(P^ - m), m the low 52
+        bits of w_u, D > 1 + A accepts and D <= -A rejects; the candidates between (about
+        2^-45 of them) are decided exactly, with further words from ``stream`` in candidate
+        order."""
+        self.estimate(proposal)
+        # fl(P^ - (2^52 + m)), 2^52 + m the float whose bits are m | 2^52's: D - 2^52 rounded
+        np.bitwise_and(self.w_u, _MASK52, self.bits)
+        np.bitwise_or(self.bits, _TWO52_BITS, self.bits)
+        np.subtract(self.bound, self.bits.view(np.float64), self.bound)
+        np.greater(self.bound, 1.0 + _MARGIN - _TWO52, self.keep)
+        np.greater(self.bound, -_MARGIN - _TWO52, self.near)  # not surely rejected: keep's superset
+        emitted = np.compress(self.keep, self.draws)  # 4x faster than draws[keep] on a random mask
+        if np.count_nonzero(self.near) == emitted.size:
+            return emitted
+        self._decide_exactly(proposal, stream)
+        return np.compress(self.keep, self.draws)
+
+    def _decide_exactly(self, proposal: Proposal, stream: Keystream) -> None:
+        """Set ``keep`` for every candidate the float path left open, by
+        :func:`~dpmarket.protocol.privacy.acceptance.accept_exactly`."""
+        word = np.empty(1, dtype=np.uint64)
+
+        def next_word() -> int:
+            stream.fill(word)
+            return int(word[0])
+
+        for i in np.flatnonzero(self.near & ~self.keep).tolist():
+            w_v = int(self.w_v[i])
+            block = (w_v & -w_v).bit_length() - 1 if w_v else 64
+            m = int(self.w_u[i]) & int(_MASK52)
+            y = int(self.draws[i])
+            self.keep[i] = accept_exactly(proposal.sigma, proposal.k, y, block, m, next_word)
+
+
+def _check_sigma(sigma: object) -> float:
+    """``sigma`` as a float: any real number (numpy scalars too, never a bool) that is finite,
+    >= 0 and at most :data:`MAX_GRID_SIGMA`; ``ValueError`` naming the problem otherwise."""
+    if type(sigma) is float and 0.0 <= sigma <= MAX_GRID_SIGMA:  # the common case, fast
+        return sigma
+    if isinstance(sigma, bool | np.bool_) or not isinstance(sigma, numbers.Real):
+        raise ValueError(f"sigma must be a real number, got {type(sigma).__name__} {sigma!r}")
+    try:
+        value = float(sigma)
+    except OverflowError:
+        raise ValueError(
+            "sigma must be a finite number >= 0, got one too large for a float"
+        ) from None
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"sigma must be a finite number >= 0, got {sigma!r}")
+    if value > MAX_GRID_SIGMA:
+        raise ValueError(f"sigma={value:.6g} grid units exceeds 2^48; reduce frac_bits")
+    return value
 
 
 def _check_shape(shape: int | tuple[int, ...]) -> int:
@@ -347,15 +387,12 @@ def sample_discrete_gaussian(
     exact emission rate (:class:`Proposal`) with a margin of 4 sqrt(rest) + 4 draws, at most
     ``_CHUNK`` at a time; a short pass is followed by another.
     """
-    if not (isinstance(sigma, int | float) and math.isfinite(sigma) and sigma >= 0):
-        raise ValueError(f"sigma must be a finite number >= 0, got {sigma!r}")
-    if sigma > MAX_GRID_SIGMA:
-        raise ValueError(f"sigma={sigma:.6g} grid units exceeds 2^48; reduce frac_bits")
+    sigma = _check_sigma(sigma)
     total = _check_shape(shape)
     if sigma < _TINY_SIGMA or total == 0:
         return np.zeros(shape, dtype=np.int64)
     out = np.empty(total, dtype=np.int64)
-    proposal = Proposal.of(float(sigma))
+    proposal = Proposal.of(sigma)
     stream = Keystream(rng, WORDS_PER_KEY)
     scratch: _Pass | None = None
     filled = 0
@@ -364,7 +401,7 @@ def sample_discrete_gaussian(
         n = min(_CHUNK, math.ceil((need + 4 * math.sqrt(need) + 4) / proposal.rate))
         scratch = scratch if scratch is not None and scratch.size == n else _Pass(n)
         stream.fill(scratch.words)
-        emitted = scratch.run(proposal)
+        emitted = scratch.run(proposal, stream)
         take = min(emitted.size, need)
         out[filled : filled + take] = emitted[:take]
         filled += take
