@@ -284,8 +284,26 @@ class DcaConfig:
         sigma = gaussian_sigma(epsilon, delta, on_grid, method)
         return RoundSpec(round_, d, sigma, sensitivity, label, neighbouring)
 
+    @functools.cached_property
+    def _checked(self) -> set[RoundSpec]:
+        """The specs :meth:`check_round` passed (the same for every client of a process)."""
+        return set()
+
+    @functools.cached_property
+    def _digests(self) -> dict[RoundSpec, bytes]:
+        """:meth:`digest` per spec, computed once per process."""
+        return {}
+
     def check_round(self, spec: RoundSpec) -> None:
-        """``ValueError`` if the round could wrap the ring or its noise does not suit the grid."""
+        """``ValueError`` if the round could wrap the ring or its noise does not suit the grid
+        (a pure function of this configuration and ``spec``: a spec that passed is not checked
+        again, so the many owners of one process pay for it once)."""
+        if spec in self._checked:
+            return
+        self._check_round(spec)
+        self._checked.add(spec)
+
+    def _check_round(self, spec: RoundSpec) -> None:
         grid_sigma = self.client_grid_sigma(spec)
         total_sigma = grid_sigma * self.codec.resolution * math.sqrt(self.n_clients)
         check_capacity(
@@ -328,6 +346,11 @@ class DcaConfig:
 
     def digest(self, spec: RoundSpec) -> bytes:
         """SHA-256 binding the session and the round's parameters (AEAD data, key info)."""
+        if spec not in self._digests:
+            self._digests[spec] = self._digest(spec)
+        return self._digests[spec]
+
+    def _digest(self, spec: RoundSpec) -> bytes:
         parts = length_prefixed(
             _DOMAIN,
             self.run,
