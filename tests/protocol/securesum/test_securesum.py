@@ -505,6 +505,17 @@ def test_config_refuses_unsafe_sessions() -> None:
     pair = DcaConfig("r", clients[:2], ("n0", "n1"), frac_bits=0)
     with pytest.raises(ValueError, match="reduce frac_bits"):
         pair.check_round(RoundSpec(1, 3, 2.0**50))  # fits the ring, too coarse for the sampler
+    # a refused spec is refused every time (nothing remembered of it); a passed one is
+    # remembered per configuration and spec, and its digest computed once, the same bytes
+    for _ in range(2):
+        with pytest.raises(ValueError, match="increase frac_bits"):
+            cfg.check_round(RoundSpec(1, 3, 1e-3))
+    fine = RoundSpec(2, 3, 1.0)
+    cfg.check_round(fine)
+    assert fine in cfg._checked and RoundSpec(1, 3, 1e-3) not in cfg._checked
+    first = cfg.digest(fine)
+    assert cfg.digest(fine) is first and first == cfg._digest(fine)
+    assert cfg.digest(RoundSpec(3, 3, 1.0)) != first
 
 
 def test_secure_sum_one_call() -> None:
