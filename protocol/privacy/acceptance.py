@@ -12,8 +12,11 @@ pass decides in float64 every candidate whose margin proves the decision and han
   rounded toward -inf or +inf (the exact result rounded in that direction, as the General
   Decimal Arithmetic specification requires), so every quantity of a is bounded below and
   above; ``ln`` and ``exp`` are documented as correctly rounded, and the bracket relies only on
-  their error being below one unit in the last digit, which one step of ``next_minus`` /
-  ``next_plus`` covers. pi is decreasing in a, so 2^V exp(-a_high) <= pi <= 2^V exp(-a_low).
+  their error being at most one unit in the last digit, which two steps of ``next_minus`` /
+  ``next_plus`` cover even at a power of ten (where the step below is ten times smaller).
+  ``sigma`` enters as ``Decimal.from_float`` (exact, and blind to the thread's context: the
+  ``Decimal(float)`` constructor consults its FloatOperation trap). pi is decreasing in a,
+  so 2^V exp(-a_high) <= pi <= 2^V exp(-a_low).
   The bracket's relative width is about (a + 2) 10^(1 - digits).
 * Accept when (n + 1) / S <= pi_low 2^52 (then U < pi), reject when n / S >= pi_high 2^52 (then
   U >= pi). Otherwise U's interval overlaps pi's bracket: draw another word if U's interval is
@@ -65,7 +68,19 @@ def _context(digits: int, rounding: str) -> Context:
 def _ln2_bounds(digits: int) -> tuple[Decimal, Decimal]:
     near = _context(digits, ROUND_HALF_EVEN)
     ln2 = near.ln(Decimal(2))
-    return near.next_minus(ln2), near.next_plus(ln2)
+    return _below(near, ln2), _above(near, ln2)
+
+
+def _below(near: Context, x: Decimal) -> Decimal:
+    """Two steps down: below the exact value of a result that ``ln``/``exp`` rounded to within
+    one unit in its last digit, also where that result is a power of ten (whose last-digit
+    step just below it is ten times smaller)."""
+    return near.next_minus(near.next_minus(x))
+
+
+def _above(near: Context, x: Decimal) -> Decimal:
+    """Two steps up (:func:`_below`'s mirror)."""
+    return near.next_plus(near.next_plus(x))
 
 
 def _exponent(
@@ -87,14 +102,14 @@ def pi_bracket(
     down, up = _context(digits, ROUND_FLOOR), _context(digits, ROUND_CEILING)
     near = _context(digits, ROUND_HALF_EVEN)
     ln2_low, ln2_high = _ln2_bounds(digits)
-    exact_sigma, t, scale = Decimal(sigma), 1 << k, 1 << (v + FIRST_BITS)
+    exact_sigma, t, scale = Decimal.from_float(sigma), 1 << k, 1 << (v + FIRST_BITS)
     a_low = _exponent(exact_sigma, t, y, ln2_low, down, up)
     if a_low >= _EXPONENT_CAP:
-        high = near.next_plus(near.exp(_EXPONENT_CAP.copy_negate()))
+        high = _above(near, near.exp(_EXPONENT_CAP.copy_negate()))
         return Fraction(0), Fraction(high) * scale, False
     a_high = _exponent(exact_sigma, t, y, ln2_high, up, down)
-    high = near.next_plus(near.exp(a_low.copy_negate()))
-    low = max(near.next_minus(near.exp(a_high.copy_negate())), Decimal(0))
+    high = _above(near, near.exp(a_low.copy_negate()))
+    low = max(_below(near, near.exp(a_high.copy_negate())), Decimal(0))
     return Fraction(low) * scale, Fraction(high) * scale, True
 
 
@@ -138,6 +153,6 @@ def pi_factor(sigma: float, k: int) -> float:
     """The float64 nearest 2^52 exp(-s^2 / 2), s = sigma ln 2 / 2^k (40 digits, then one
     correct rounding: relative error <= 2^-53 (1 + 10^-20))."""
     near = _context(_FIRST_DIGITS, ROUND_HALF_EVEN)
-    s = near.divide(near.multiply(Decimal(sigma), near.ln(Decimal(2))), 1 << k)
+    s = near.divide(near.multiply(Decimal.from_float(sigma), near.ln(Decimal(2))), 1 << k)
     half_s2 = near.divide(near.multiply(s, s), 2)
     return float(near.multiply(1 << FIRST_BITS, near.exp(half_s2.copy_negate())))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from decimal import Decimal, localcontext
+from decimal import ROUND_UP, Context, Decimal, FloatOperation, Inexact, Rounded, localcontext
 from fractions import Fraction
 
 import numpy as np
@@ -15,7 +15,7 @@ from scipy import stats
 
 from dpmarket.actors.randomness import NoiseSource
 from dpmarket.protocol.privacy import dgauss
-from dpmarket.protocol.privacy.acceptance import pi_factor
+from dpmarket.protocol.privacy.acceptance import pi_bracket, pi_factor
 from dpmarket.protocol.privacy.dgauss import (
     Keystream,
     Proposal,
@@ -204,7 +204,8 @@ def test_float_estimate_of_pi_is_well_within_the_margin() -> None:
     A = 64 by which the float path decides."""
     rng = np.random.default_rng(4)
     worst = 0.0
-    for sigma in (0.3, 1.0, 2.0, 3.7, 37.0, 1e3, 1e6, 3e9, 2.0**48):
+    # 1.3594 2^35 / ln 2: s = sigma ln 2 / t near its largest (1.3596), where pi z peaks
+    for sigma in (0.3, 1.0, 2.0, 3.7, 37.0, 1e3, 1e6, 3e9, 1.3594 * 2**35 / math.log(2), 2.0**48):
         proposal = Proposal.of(sigma)
         k, n = proposal.k, 2000
         v = np.minimum(rng.geometric(0.5, n) - 1, 40).astype(np.uint64)
@@ -221,6 +222,42 @@ def test_float_estimate_of_pi_is_well_within_the_margin() -> None:
             exact = exact_p(sigma, k, y, int(v[i]))
             worst = max(worst, float(abs(Decimal(float(scratch.bound[i])) - exact)))
     assert worst <= 10.0
+
+
+def test_pi_bracket_holds_pi_whatever_the_threads_decimal_context() -> None:
+    """pi_bracket's bounds hold pi 2^52 (a 400-digit evaluation made beforehand) for random
+    and extreme (sigma, y, v) at 40, 80 and 160 digits, while the thread's own decimal context
+    has 3 digits, rounds up, has a tiny exponent range and traps Inexact, Rounded and
+    FloatOperation: the exact path reads nothing of it (nor raises through it)."""
+    rnd = np.random.default_rng(5)
+    cases = [(2.0**48, 62 * 2**48, 62), (2.0**48, -(63 * 2**48), 62), (2.0**-30, 1, 0),
+             (2.0**-30, 0, 0), (2.0**-30, -64, 62), (0.3, 0, 0), (1.0, 0, 0)]  # fmt: skip
+    for _ in range(40):
+        sigma = float(2.0 ** rnd.uniform(-30, 48))
+        k, v = Proposal.of(sigma).k, int(rnd.integers(0, 63))
+        x = (v << k) + int(rnd.integers(0, 1 << k))
+        cases.append((sigma, x if rnd.random() < 0.5 else -(x + 1), v))
+    exact = {}
+    for sigma, y, v in cases:
+        k = Proposal.of(sigma).k
+        with localcontext(Context(prec=400, Emin=-(10**9), Emax=10**9)):
+            s = Decimal.from_float(sigma) * Decimal(2).ln() / 2**k
+            a = Decimal(y) ** 2 / (2 * Decimal.from_float(sigma) ** 2) + s * s / 2
+            # a >= 10^6: pi is below 2^-10^6, never made a fraction (its denominator is huge)
+            p = Fraction(Decimal(2) ** (v + 52) * (-a).exp()) if a < 10**6 else None
+            exact[sigma, y, v] = (p, a)
+    hostile = Context(prec=3, rounding=ROUND_UP, Emin=-5, Emax=5)
+    for trap in (Inexact, Rounded, FloatOperation):
+        hostile.traps[trap] = True
+    with localcontext(hostile):
+        for sigma, y, v in cases:
+            p, a = exact[sigma, y, v]
+            for digits in (40, 80, 160):
+                low, high, refinable = pi_bracket(sigma, Proposal.of(sigma).k, y, v, digits)
+                if refinable:
+                    assert p is not None and low <= p <= high and low < high, (sigma, y, v)
+                else:  # a >= 10^6: the upper bound 2^(v + 52) exp(-10^6) alone, which decides
+                    assert low == 0 and a >= 10**6 - 1 and high > 0
 
 
 def candidate(k: int, v: int, r: int, sign: int) -> int:
@@ -367,10 +404,10 @@ def test_blocks_from_a_v_word_of_0_or_2_to_the_63_are_rejected() -> None:
 def test_every_candidate_through_the_exact_path_keeps_the_law_and_the_draws(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With a margin so wide that the float path decides nothing, every candidate is decided
-    exactly: the draws are those of the float path for the same generator state (they decide
-    alike wherever the float path decides) and follow N_Z(0, sigma^2) (chi-square, fixed seed,
-    below the 1e-6 quantile)."""
+    """With a margin so wide that the float path decides nothing but blocks V >= 63 (rejected
+    in float as always), every candidate is decided exactly: the draws are those of the float
+    path for the same generator state (they decide alike wherever the float path decides) and
+    follow N_Z(0, sigma^2) (chi-square, fixed seed, below the 1e-6 quantile)."""
     sigma, n = 6.0, 6000
     fast = sample_discrete_gaussian(sigma, n, np.random.default_rng(41))
     monkeypatch.setattr(dgauss, "_MARGIN", 2.0**60)
