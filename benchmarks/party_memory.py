@@ -126,7 +126,7 @@ async def main():
     columns.extend(records)  # what the owner keeps for its sketch rounds, then counts
     columns.counters()
     print(json.dumps({{"idle": idle, "ingested": ingested, "sketched": rss(),
-                      "backend": "numba" if "numba" in sys.modules else "numpy"}}))
+                      "backend": "numba" if sys.modules.get("numba") else "numpy"}}))
     import os
     os._exit(0)  # the tailer threads
 
@@ -226,13 +226,13 @@ def main() -> int:
          "note": f"[numba] extra ({compiled['backend']})"},
         {"party": "node agent", "idle_mb": idle_node, "records_mb": None, "note": "no records"},
         {"party": "owner host actor", "idle_mb": on_ray["owner host actor"][0],
-         "records_mb": on_ray["owner host actor"][1], "note": "local Ray (numba)"},
+         "records_mb": on_ray["owner host actor"][1], "note": "local Ray (market install)"},
         {"party": "compute-node actor", "idle_mb": on_ray["compute-node actor"][0],
          "records_mb": None, "note": "no records"},
         {"party": "curator", "idle_mb": on_ray["curator"][0], "records_mb": on_ray["curator"][1],
          "note": f"{n} validation records"},
     ]  # fmt: skip
-    print(f"resident memory (MB), idle and after {n} records (tailed, then sketched 50 x 256)")
+    print(f"resident memory (MB), idle and after {n} records (tailed; columns kept, 50 x 256)")
     print(f"{'party':<20} {'idle':>8} {'records':>8} {'target':>8}  note")
     for row in rows:
         target = TARGETS.get(str(row["party"]))

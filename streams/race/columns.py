@@ -26,6 +26,7 @@ from dpmarket.streams.race.queries import check_width
 __all__ = ["SketchColumns"]
 
 _COUNT_CHUNK = 1 << 20  # column entries counted per pass: the index temporaries stay small
+_HASH_CHUNK = 1 << 14  # records hashed per pass: their int32 codes stay a few MB
 
 
 class SketchColumns:
@@ -47,8 +48,11 @@ class SketchColumns:
         points = as_points(np.asarray(X, dtype=np.float32), self.family.dim)
         if not points.shape[0]:
             return
-        codes = self.family.hash(points)
-        self._parts.append(np.mod(codes, self.width).astype(self._dtype))
+        kept = np.empty((points.shape[0], self.family.rows), dtype=self._dtype)
+        for start in range(0, points.shape[0], _HASH_CHUNK):  # small temporaries per chunk
+            codes = self.family.hash(points[start : start + _HASH_CHUNK])
+            kept[start : start + _HASH_CHUNK] = np.mod(codes, self.width, out=codes)
+        self._parts.append(kept)
         self._last = points[-1].copy()
         self.n += points.shape[0]
 

@@ -81,3 +81,18 @@ def _numba() -> bool:
     except ImportError:
         return False
     return True
+
+
+def test_records_hashed_in_chunks_keep_the_same_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch longer than a hashing chunk is hashed chunk by chunk into the same columns."""
+    from dpmarket.streams.race import columns as module
+
+    family, width = FAMILIES[0]
+    X = _records(1000, 9)
+    whole = SketchColumns(family, width)
+    whole.extend(X)
+    monkeypatch.setattr(module, "_HASH_CHUNK", 64)  # 1000 records: 16 chunks, the last short
+    chunked = SketchColumns(family, width)
+    chunked.extend(X)
+    np.testing.assert_array_equal(chunked.columns(), whole.columns())
+    np.testing.assert_array_equal(chunked.counters(), whole.counters())
