@@ -80,12 +80,11 @@ async def host_steps(owners: int, roster: int) -> dict[str, dict[str, float]]:
     rng = np.random.default_rng(0)
     records = {o: (rng.normal(size=(RECORDS, FEATURES)).clip(-3, 3), None) for o in names}
     steps: dict[str, dict[str, float]] = {}
-    wall, cpu = time.perf_counter(), time.process_time()
-    host = OwnerHost("bench", {o: records[o] for o in mine}, NoiseSource.secure(), dca=trust)
-    steps["construct (records hashed as they arrive)"] = {
-        "wall_s": round(time.perf_counter() - wall, 4),
-        "cpu_s": round(time.process_time() - cpu, 4),
-    }
+    host = await timed_call(
+        steps,
+        "construct (records hashed as they arrive)",
+        lambda: OwnerHost("bench", {o: records[o] for o in mine}, NoiseSource.secure(), dca=trust),
+    )
     others = OwnerHost("bench", {o: records[o] for o in names[owners:]}, NoiseSource.secure(),
                        dca=trust) if roster > owners else None  # fmt: skip
     hosts = [h for h in (host, others) if h is not None]

@@ -92,23 +92,17 @@ class OwnerSecureSum:
         """The columns of ``records`` in the sketch of ``options``, hashing only the records
         not hashed yet (records only grow at the end; a prefix that changed, which the owner's
         party never does, is hashed anew rather than trusted)."""
-        key = _sketch_key(options, records.shape[1])
-        held = self.columns.get(key)
-        if held is None or held.n > len(records) or not held.holds(records):
-            held = self.columns[key] = SketchColumns(_family(*key[:5]), key[5])
-        held.extend(records[held.n :])
-        return held
+        return self._columns_of(records, _sketch_key(options, records.shape[1]))
 
     def sketch_current(self, records: npt.NDArray[np.float64]) -> None:
         """Hash what is not hashed yet of ``records`` (all of the owner's) for every sketch
         round of the plan; a record that cannot be hashed is left to its round (which
         refuses this owner's contribution, naming the record's problem)."""
-        for planned in self.trust.plan.rounds.values():
-            if planned.what in ("sketch", "sketch_delta") and len(records):
-                try:
-                    self.sketch_columns(records, dict(planned.options))
-                except ValueError:
-                    self.columns.pop(_sketch_key(dict(planned.options), records.shape[1]), None)
+        for key in self._planned_sketches(records):
+            try:
+                self._columns_of(records, key)
+            except ValueError:
+                del self.columns[key]
 
     def sketch_ahead(self, new: npt.NDArray[np.float64], start: int) -> None:
         """Hash records ``start ..`` (``new``, just arrived) for every sketch round of the
@@ -116,21 +110,32 @@ class OwnerSecureSum:
         open, and a round's deadline then covers the noise and the sealing, not the hashing.
         Records that do not directly follow those hashed, or that cannot be hashed, are left
         to the round (which hashes what is missing, or refuses as it did without this)."""
-        if not len(new):
-            return
-        for planned in self.trust.plan.rounds.values():
-            if planned.what not in ("sketch", "sketch_delta"):
-                continue
-            key = _sketch_key(dict(planned.options), new.shape[1])
-            if key not in self.columns:
-                self.columns[key] = SketchColumns(_family(*key[:5]), key[5])
-            held = self.columns[key]
+        for key in self._planned_sketches(new):
+            held = self.columns.setdefault(key, _empty_columns(key))
             if held.n != start:
                 continue
             try:
                 held.extend(new)
             except ValueError:  # e.g. a coordinate beyond the hash's range: the round says so
                 del self.columns[key]
+
+    def _planned_sketches(self, records: npt.NDArray[np.float64]) -> list[tuple[Any, ...]]:
+        """The keys of the plan's sketch rounds for records like ``records`` (none for none)."""
+        if not len(records):
+            return []
+        rounds = self.trust.plan.rounds.values()
+        return [
+            _sketch_key(dict(p.options), records.shape[1])
+            for p in rounds
+            if p.what in ("sketch", "sketch_delta")
+        ]
+
+    def _columns_of(self, records: npt.NDArray[np.float64], key: tuple[Any, ...]) -> SketchColumns:
+        held = self.columns.get(key)
+        if held is None or held.n > len(records) or not held.holds(records):
+            held = self.columns[key] = _empty_columns(key)
+        held.extend(records[held.n :])
+        return held
 
     def setup(self, config: DcaConfig, node_keys: dict[str, bytes]) -> list[Message]:
         """Become the secure-sum client of the operator's session; return the registrations.
@@ -274,6 +279,11 @@ def _sketch_key(options: dict[str, Any], dim: int) -> tuple[Any, ...]:
         float(options["bandwidth"]),
         int(options["width"]),
     )
+
+
+def _empty_columns(key: tuple[Any, ...]) -> SketchColumns:
+    """No record's columns yet, in the sketch of ``key`` (:func:`_sketch_key`)."""
+    return SketchColumns(_family(*key[:5]), key[5])
 
 
 @functools.lru_cache(maxsize=8)
