@@ -174,16 +174,17 @@ def test_blocks_of_a_growing_stream_pay_only_for_what_reads_them(tmp_path: Path)
 
 
 def test_time_window_blocks_of_a_growing_stream(tmp_path: Path) -> None:
-    """configs/stream.toml with blocks of 1 s of arrival time: the owner actors stamp each batch
-    their tailers take in, the stores record the windows before anything reads them, a
+    """configs/stream.toml with blocks of 0.25 s of arrival time: the owner actors stamp each
+    batch their tailers take in, the stores record the windows before anything reads them, a
     refresh is charged only to the windows holding records added since its base round (never
-    the first, complete before the scan), and the store covers the curator."""
+    one the scan saw closed, so never the first: the writer appends 0.5 s apart), and the
+    store covers the curator."""
     import sqlite3
 
     text = (ROOT / "configs" / "stream.toml").read_text()
-    text = text.replace(
-        "[privacy]\n", '[privacy]\nledger_dir = "stores"\nowner_budget = 3.0\nblock_seconds = 1.0\n'
-    )
+    blocks = 'ledger_dir = "stores"\nowner_budget = 3.0\nblock_seconds = 0.25\n'
+    text = text.replace("[privacy]\n", "[privacy]\n" + blocks)
+    assert "interval = 0.5" in text  # the writer's pause, more than a window (see below)
     config = tmp_path / "stream.toml"
     config.write_text(text)
     extra = ["--set", "market.summary_size=16", "--set", "data.n_points=2000"]
@@ -203,7 +204,15 @@ def test_time_window_blocks_of_a_growing_stream(tmp_path: Path) -> None:
         assert {r["block"] for r in charged} <= set(windows)  # every charge to a window
         normalise = {r["block"] for r in charged if r["label"] == "normalise (secure sum)"}
         assert windows[0] in normalise
+        scan = {r["block"] for r in charged if r["label"] == "scan (secure sum)"}
         refresh = {r["block"] for r in charged if r["label"] == "scan refresh (secure sum)"}
-        assert windows[0] not in refresh  # complete before the scan: never re-read
+        assert windows[0] in scan
+        # A refresh reads only records added since the scan: never a window the scan saw
+        # closed; at most the scan's newest one, if records kept arriving in it after the scan.
+        assert not refresh or min(refresh) >= max(scan), (sorted(scan), sorted(refresh))
+        # The first window holds only the records there before the run (the writer's first
+        # batch comes 0.5 s after they were stamped, more than a window later), all of which
+        # the scan read, so no refresh reads it, however soon after the ingest the scan ran.
+        assert windows[0] not in refresh, (sorted(scan), sorted(refresh))
         assert "spent" not in report["budgets"]["owners"][owner]  # depends on the windows
         assert private["budgets"]["owners"][owner]["spent"] <= 3.0
