@@ -146,16 +146,20 @@ def pss_mb(pid: int) -> float:
 
 
 class TreeSampler:
-    """Samples the peak memory of the Ray worker processes under this process (curator and
-    owner actors by their process titles) every ``period`` seconds, keeping each one's
-    highest VmHWM (a monotone counter: only growth in a process's last ``period`` is missed),
-    and the highest sum over every process of their proportional set sizes at one sample."""
+    """Samples the peak memory of every process under this process every ``period`` seconds:
+    each one's highest VmHWM (a monotone counter: only growth in a process's last ``period``
+    is missed), counted once under the role it last had (a Ray worker starts as ``ray::IDLE``
+    and becomes an actor: the curator, an owner host, a compute node by their process titles;
+    Ray's own daemons and workers that stay idle are "ray"), and the highest sum over every
+    process of their proportional set sizes at one sample."""
+
+    ROLES = ("curator", "owner", "compute", "driver", "ray")
 
     def __init__(self, period: float = 0.5) -> None:
         self.period = period
-        self.peaks: dict[str, dict[int, float]] = {
-            "curator": {}, "owner": {}, "compute": {}, "driver": {}, "ray": {},
-        }  # fmt: skip
+        self.peak: dict[int, float] = {}
+        self.role: dict[int, str] = {}
+        self.title: dict[int, str] = {}
         self.pss_peak = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -194,25 +198,35 @@ class TreeSampler:
                 except OSError:
                     continue
                 role = next((r for r, t in TITLES.items() if title.startswith(t)), "ray")
-                role = "driver" if pid == os.getpid() else role  # Ray's own daemons: "ray"
+                role = "driver" if pid == os.getpid() else role
                 peak = peak_rss_mb(pid)
                 if peak:
-                    self.peaks[role][pid] = max(self.peaks[role].get(pid, 0.0), peak)
+                    self.peak[pid] = max(self.peak.get(pid, 0.0), peak)
+                    if role != "ray" or pid not in self.role:  # an actor stays one
+                        self.role[pid] = role
+                        self.title[pid] = title.replace("\0", " ").strip()
             self.pss_peak = max(self.pss_peak, pss)
 
-    def result(self) -> dict[str, float]:
+    def result(self) -> dict[str, Any]:
         """The curator's peak, the largest owner process's, the largest compute node's, the
         driver's (this process: the scenario, the run, the harness's baselines) and the largest
         of Ray's own processes; ``sum``: the sum of the market's actor processes' peaks
         (curator, owners, compute nodes: an upper bound of the market's memory, shared library
-        pages counted once per process); ``sum_all``: with the driver and Ray's processes;
+        pages counted once per process); ``sum_all``: with the driver and Ray's processes (each
+        process once); ``by_role``: each role's processes and their peaks summed;
         ``pss_sum_all``: the highest sum, at one sample, of every process's proportional set
-        size (driver, Ray's processes, actors): every page counted once, at one moment."""
-        out = {role: round(max(p.values(), default=0.0), 1) for role, p in self.peaks.items()}
-        actors = ("curator", "owner", "compute")
-        out["sum"] = round(sum(v for r in actors for v in self.peaks[r].values()), 1)
-        out["sum_all"] = round(sum(v for p in self.peaks.values() for v in p.values()), 1)
+        size (driver, Ray's processes, actors): every page counted once, at one moment;
+        ``processes``: each process's peak and title, largest first."""
+        peaks = {r: [v for pid, v in self.peak.items() if self.role[pid] == r] for r in self.ROLES}
+        out: dict[str, Any] = {role: round(max(p, default=0.0), 1) for role, p in peaks.items()}
+        out["sum"] = round(sum(sum(peaks[r]) for r in ("curator", "owner", "compute")), 1)
+        out["sum_all"] = round(sum(self.peak.values()), 1)
         out["pss_sum_all"] = round(self.pss_peak, 1)
+        out["by_role"] = {
+            r: {"processes": len(p), "mb": round(sum(p), 1)} for r, p in peaks.items()
+        }
+        order = sorted(self.peak, key=lambda pid: -self.peak[pid])
+        out["processes"] = [[round(self.peak[pid], 1), self.title[pid][:80]] for pid in order]
         return out
 
 
@@ -457,7 +471,7 @@ def main() -> None:
     header = f"{'mode':<10} {'K':>5} " + " ".join(f"{p:>9}" for p in PHASES)
     print(
         header + f" {'ms/epoch':>9} {'epochs':>6} {'cur MB':>7} {'own MB':>7} {'sum MB':>7}"
-        f" {'PSS MB':>7} {'group MB':>8} {'total s':>8}"
+        f" {'all MB':>7} {'PSS MB':>7} {'group MB':>8} {'total s':>8}"
     )
     for r in rows:
         ph = " ".join(f"{r['phase_seconds'][p]:>9.2f}" for p in PHASES)
@@ -465,7 +479,7 @@ def main() -> None:
         print(
             f"{r['mode']:<10} {r['owners']:>5} {ph} {r['ms_per_epoch']:>9.2f} {r['epochs']:>6} "
             f"{mem['curator']:>7.0f} {mem['owner']:>7.0f} {mem.get('sum', 0.0):>7.0f} "
-            f"{mem.get('pss_sum_all', float('nan')):>7.0f} "
+            f"{mem.get('sum_all', math.nan):>7.0f} {mem.get('pss_sum_all', math.nan):>7.0f} "
             f"{r.get('memory_cgroup_mb', {}).get('mapped_peak', float('nan')):>8.0f} "
             f"{r['seconds']:>8.1f}"
         )
@@ -480,7 +494,14 @@ def main() -> None:
     if "ray" in args.modes and 1024 in args.owners:
         big = next(r for r in rows if r["mode"] == "ray" and r["owners"] == 1024)
         goals["ray_1024_seconds"] = big["seconds"]
-        goals["ray_1024_peak_mb_total_sampled"] = big["peak_rss_mb"]
+        mem = big["peak_rss_mb"]
+        print("K = 1024 on Ray, each process's peak (VmHWM) MB, largest first:")
+        for peak, title in mem.get("processes", []):
+            print(f"  {peak:>8.1f}  {title}")
+        goals["ray_1024_peak_mb_total_sampled"] = {
+            k: v for k, v in mem.items() if k != "processes"
+        }  # sum_all: every process's own peak, added (shared pages once per process)
+        goals["ray_1024_sum_of_process_peaks_mb"] = mem.get("sum_all")
         # every process summed, each page once (proportional set sizes at one sample)
         goals["ray_1024_pss_sum_mb"] = big["peak_rss_mb"].get("pss_sum_all")
         if "memory_cgroup_mb" in big:  # every process together, shared pages once

@@ -64,6 +64,38 @@ def _as_matrix(name: str, X: npt.ArrayLike, n_features: int | None = None) -> Fl
     return arr
 
 
+def _as_hashed_matrix(
+    name: str, X: npt.ArrayLike, n_features: int
+) -> npt.NDArray[np.float32] | FloatArray:
+    """Like :func:`_as_matrix`, but hashed features already in float32 (what h1 gives) stay
+    float32: a pool of hashed points is the largest array a harness holds, and a float64 copy
+    of it would double that. Checked for finiteness a block of rows at a time."""
+    arr = np.asarray(X)
+    if arr.dtype != np.float32:
+        return _as_matrix(name, arr, n_features)
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array, got shape {arr.shape}")
+    if arr.shape[1] != n_features:
+        raise ValueError(f"{name} must have {n_features} columns, got {arr.shape[1]}")
+    step = max(1, _CHUNK_ELEMENTS // max(n_features, 1))
+    for i in range(0, arr.shape[0], step):
+        if not np.all(np.isfinite(arr[i : i + step])):
+            raise ValueError(f"{name} must contain only finite values")
+    return arr
+
+
+def _rows_dot(H: npt.NDArray[np.float32] | FloatArray, v: FloatArray) -> FloatArray:
+    """``H @ v`` in float64; a float32 ``H`` is widened a block of rows at a time (exactly:
+    every float32 is a float64), never whole."""
+    if H.dtype == np.float64:
+        return np.asarray(H @ v, dtype=np.float64)
+    out = np.empty(H.shape[0], dtype=np.float64)
+    step = max(1, _CHUNK_ELEMENTS // max(H.shape[1], 1))
+    for i in range(0, H.shape[0], step):
+        out[i : i + step] = H[i : i + step].astype(np.float64) @ v
+    return out
+
+
 def _check_gamma(gamma: float) -> float:
     if not (np.isfinite(gamma) and gamma > 0):
         raise ValueError(f"gamma must be a finite positive number, got {gamma!r}")
@@ -260,7 +292,7 @@ def greedy_hashed(H_pool: npt.ArrayLike, H_validation: npt.ArrayLike, p: int) ->
     self-kernel 1. Cost O(N d) per step.
     """
     Hv = _as_matrix("H_validation", H_validation)
-    Hp = _as_matrix("H_pool", H_pool, Hv.shape[1])
+    Hp = _as_hashed_matrix("H_pool", H_pool, Hv.shape[1])
     k = _check_p(p, Hp.shape[0])
     if Hv.shape[0] == 0:
         raise ValueError("H_validation must have at least one row")
@@ -270,7 +302,7 @@ def greedy_hashed(H_pool: npt.ArrayLike, H_validation: npt.ArrayLike, p: int) ->
     picks = np.empty(k, dtype=np.int64)
     for q in range(k):
         direction = gv if q == 0 else gv - summary_sum / (q + 1)
-        bids = Hp @ direction
+        bids = _rows_dot(Hp, direction)
         bids[taken] = -np.inf
         best = int(np.argmax(bids))
         picks[q], taken[best] = best, True

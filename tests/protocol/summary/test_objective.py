@@ -208,6 +208,28 @@ def test_greedy_hashed_is_greedy_on_the_linear_kernel(rng: np.random.Generator) 
     assert picks.tolist() == expected
 
 
+def test_greedy_hashed_keeps_a_float32_pool_float32(rng: np.random.Generator) -> None:
+    """h1 hashes into float32; the harness's pool of hashed points is its largest array. The
+    greedy picks what it picks from the exact float64 widening, without widening the whole pool
+    at once (tracemalloc sees numpy's allocations), and refuses a non-finite value in any row."""
+    import tracemalloc
+
+    H = rng.normal(size=(200_000, 64)).astype(np.float32)  # 51 MB, above a block of rows
+    V = rng.normal(size=(40, 64)).astype(np.float32)
+    expected = greedy_hashed(H.astype(np.float64), V, 10)
+    tracemalloc.start()
+    try:
+        picks = greedy_hashed(H, V, 10)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert picks.tolist() == expected.tolist()
+    assert peak < H.nbytes  # a float64 copy would be twice H's size
+    H[199_999, 3] = np.inf
+    with pytest.raises(ValueError, match="H_pool must contain only finite values"):
+        greedy_hashed(H, V, 10)
+
+
 def test_greedy_hashed_tracks_exact_greedy_with_fourier_features(
     rng: np.random.Generator,
 ) -> None:
