@@ -7,10 +7,13 @@ the relay learns nothing from them. The hub passes one clock to the aggregator a
 so the round's deadlines mean the same everywhere.
 
 The owners are asked per owner process (:func:`ask_owners`): an actor hosting several owners
-gets one call for all of them (``OwnerHost.for_owners``) at the set-up, the roster and every
-round, and answers owner by owner (:class:`OwnerAnswers`). Each owner's frames are still made
-by its own client with its own keys and charged by its own gate, so the nodes receive the same
-sealed frames as with one call per owner; an owner failing inside a batch is absent alone.
+gets one call for all of them (``OwnerHost.for_owners``) at the set-up and the roster, and one
+for up to :data:`OWNERS_PER_CALL` of them at every round; it answers owner by owner
+(:class:`OwnerAnswers`). Each owner's frames are still made by its own client with its own keys
+and charged by its own gate, so the nodes receive the same sealed frames as with one call per
+owner; an owner failing inside a batch is absent alone. A round's shares go on to the nodes as
+each call answers, so no process (owner host, hub or node) holds every owner's shares at once:
+at K = 1024 a scan's shares are about 100 MB, a batch of 128 owners' about 13 MB.
 
 Phases of a market run built on it (the ``[privacy]`` budgets of the config):
 Every round is charged under the run's one neighbouring relation (the round plan's, set from
@@ -77,6 +80,10 @@ class OwnerAnswers:
 
 Calls = dict[asyncio.Future[Any], list[str]]  # a call in flight -> the owners it answers for
 
+OWNERS_PER_CALL = 128
+"""The most owners one round's batched call asks: a host with more gets several calls, answered
+one after the other, each reply (its owners' share frames) in flight alone."""
+
 
 def _by_host(owners: dict[str, Any]) -> dict[Any, list[str]]:
     """Owners grouped by the handle that hosts them (co-located owners share one; handles and
@@ -97,8 +104,10 @@ class DcaHub:
         owners: dict[str, Any],
         ledger: PrivacyLedger,
         clock: Callable[[], float] = time.monotonic,
+        owners_per_call: int = OWNERS_PER_CALL,
     ) -> None:
         self.config, self.nodes, self.owners, self.clock = config, nodes, owners, clock
+        self.owners_per_call = owners_per_call
         self.aggregator = Aggregator(config, ledger)
         self.guard = ReplayGuard()
         self.errors: list[str] = []
@@ -196,9 +205,12 @@ class DcaHub:
                 self.errors.append(f"{owner}: roster refused ({failed[owner].split(':')[0]})")
                 self.unready.setdefault(owner, f"roster refused ({failed[owner]})")
 
-    def ask(self, method: str, args: Callable[[str], tuple[Any, ...]]) -> Calls:
+    def ask(
+        self, method: str, args: Callable[[str], tuple[Any, ...]], per_call: int | None = None
+    ) -> Calls:
         """:func:`ask_owners` for every owner of the session, each call as a future."""
-        return {asyncio.ensure_future(r): o for r, o in ask_owners(self.owners, method, args)}
+        asked = ask_owners(self.owners, method, args, per_call)
+        return {asyncio.ensure_future(r): o for r, o in asked}
 
     async def collect(
         self, calls: Calls, timeout: float | None = None
@@ -221,6 +233,38 @@ class DcaHub:
             failed.update(lost)
         return results, failed
 
+    async def relay_shares(self, calls: Calls, timeout: float | None) -> dict[str, str]:
+        """Route each call's share frames to the nodes as soon as it answers (one call per
+        node for them), until every call has answered or ``timeout`` seconds have passed.
+        Returns the owners without shares, as :meth:`collect` does: a call not answered in
+        time names each of its owners; a failed or declined owner in a batch is there alone.
+        A call that answered while earlier frames were being routed counts as answered."""
+        failed: dict[str, str] = {}
+        loop = asyncio.get_running_loop()
+        end = None if timeout is None else loop.time() + timeout
+        pending = set(calls)
+        rank = {o: i for i, o in enumerate(self.owners)}
+        while pending:
+            done = {c for c in pending if c.done()}
+            if not done:
+                left = None if end is None else max(0.0, end - loop.time())
+                done, _ = await asyncio.wait(
+                    pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    break
+            pending -= done
+            frames: list[bytes] = []
+            for call in sorted(done, key=lambda c: rank.get(calls[c][0], 0)):  # roster order
+                owners = calls[call]
+                got, lost = owner_answers(owners, call.exception() or call.result())
+                failed.update(lost)
+                frames += [f for o in owners if o in got for f in got[o]]
+            await self.route(frames)
+        for call in pending:
+            failed.update({o: f"no answer within {timeout} s" for o in calls[call]})
+        return failed
+
     async def round(
         self, spec: RoundSpec, what: str, options: dict[str, Any], timeout: float
     ) -> RoundResult:
@@ -231,12 +275,10 @@ class DcaHub:
         if refused is not None:
             self.absent[spec.round] = []
             return refused
-        calls = self.ask("dca_contribute", lambda o: (spec, what, options))
+        calls = self.ask("dca_contribute", lambda o: (spec, what, options), self.owners_per_call)
         await self.route(opened)  # while owners compute; nodes see the open before any share
-        shares, failed = await self.collect(calls, timeout)
+        failed = await self.relay_shares(calls, timeout)
         self.absent[spec.round] = [o for o in self.owners if o in failed]
-        frames = [f for owner in self.owners if owner in shares for f in shares[owner]]
-        await self.route(frames)  # every owner's shares in one call per compute node
         while (result := self.aggregator.result(spec.round)) is None:
             now = self.clock()
             frames = [encode(m) for m in self.aggregator.expire(now)]
@@ -251,22 +293,29 @@ class DcaHub:
 
 
 def ask_owners(
-    owners: dict[str, Any], method: str, args: Callable[[str], tuple[Any, ...]]
+    owners: dict[str, Any],
+    method: str,
+    args: Callable[[str], tuple[Any, ...]],
+    per_call: int | None = None,
 ) -> list[tuple[Any, list[str]]]:
     """Call ``method`` for every owner of ``owners`` (name -> handle), one call per owner
-    host: a host with several owners (co-located in one actor) answers for all of them in one
-    ``for_owners`` call, each owner's answer computed with its own keys, ledger and gate as if
-    asked alone (actors/parties/owner.py); a host with one owner (a remote owner's stand-in,
-    an owner alone in its actor) gets the per-owner call. ``args(owner)``: that owner's
-    arguments after its name. Returns each call's reference with the owners it answers for
-    (unpack its answer with :func:`owner_answers`)."""
+    host (per ``per_call`` of its owners, if given): a host with several owners (co-located
+    in one actor) answers for them in ``for_owners`` calls, each owner's answer computed with
+    its own keys, ledger and gate as if asked alone (actors/parties/owner.py); a host with one
+    owner (a remote owner's stand-in, an owner alone in its actor) gets the per-owner call.
+    ``args(owner)``: that owner's arguments after its name. Returns each call's reference with
+    the owners it answers for (unpack its answer with :func:`owner_answers`)."""
+    if per_call is not None and per_call < 1:
+        raise ValueError(f"ask_owners: per_call must be at least 1, got {per_call!r}")
     calls = []
     for handle, names in _by_host(owners).items():
         if len(names) == 1:
-            ref = getattr(handle, method).remote(names[0], *args(names[0]))
-        else:
-            ref = handle.for_owners.remote(method, {o: args(o) for o in names})
-        calls.append((ref, names))
+            calls.append((getattr(handle, method).remote(names[0], *args(names[0])), names))
+            continue
+        step = per_call or len(names)
+        for start in range(0, len(names), step):
+            batch = names[start : start + step]
+            calls.append((handle.for_owners.remote(method, {o: args(o) for o in batch}), batch))
     return calls
 
 

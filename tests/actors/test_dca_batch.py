@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,7 +21,7 @@ import pytest
 
 from dpmarket.actors.budgets.gate import BudgetGate, OwnerBudget
 from dpmarket.actors.parties.compute import ComputeNodeHost
-from dpmarket.actors.parties.dca import DcaHub
+from dpmarket.actors.parties.dca import OWNERS_PER_CALL, DcaHub, ask_owners
 from dpmarket.actors.parties.dcaowner import OperatorTrust, OwnerSecureSum
 from dpmarket.actors.parties.owner import OwnerHost
 from dpmarket.actors.randomness import NoiseSource
@@ -57,17 +58,58 @@ class _Handle:
         return asyncio.ensure_future(getattr(self.target, method)(*args))
 
 
+class _Staggered(_Handle):
+    """A host whose round batches answer one at a time, each only once every earlier batch's
+    owners' shares have reached the nodes (``delivered``, the owners the nodes were handed
+    shares from): a hub that routed nothing before every call answered would wait for ever."""
+
+    def __init__(
+        self, target: Any, delivered: Callable[[int], set[str]], progress: asyncio.Event
+    ) -> None:
+        super().__init__(target)
+        self.delivered, self.progress, self.asked = delivered, progress, []
+
+    def _call(self, method: str, args: tuple[Any, ...]) -> asyncio.Future[Any]:
+        if method != "for_owners" or args[0] != "dca_contribute":
+            return super()._call(method, args)
+        self.calls.append(method)
+        spec = next(iter(args[1].values()))[0]  # the round's spec, the same for every owner
+        earlier = [o for r, batch in self.asked if r == spec.round for o in batch]
+        self.asked.append((spec.round, list(args[1])))
+
+        async def in_turn() -> Any:
+            while not set(earlier) <= self.delivered(spec.round):
+                self.progress.clear()
+                await self.progress.wait()
+            return await self.target.for_owners(*args)
+
+        return asyncio.ensure_future(in_turn())
+
+
 class _Node(ComputeNodeHost):
     """A local compute node's actor class that keeps every frame it is handed (its whole view
-    of the owners)."""
+    of the owners), and each call's frames apart."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.seen: list[bytes] = []
+        self.deliveries: list[list[bytes]] = []  # each call's frames
+        self.progress = asyncio.Event()
 
     async def handle(self, frames: list[bytes]) -> list[bytes]:
         self.seen.extend(frames)
+        self.deliveries.append(list(frames))
+        self.progress.set()
         return await super().handle(frames)
+
+    def shares_from(self, round_: int) -> set[str]:
+        """The owners whose share frames of round ``round_`` this node was handed."""
+        out = (decode(f) for f in self.seen)
+        return {
+            m.sender.removeprefix("client:")
+            for m in out
+            if isinstance(m.body, SharesBody) and m.round == round_
+        }
 
 
 def _records(owner: str, dim: int = DIM) -> np.ndarray[Any, np.dtype[np.float64]]:
@@ -97,13 +139,19 @@ class _Market:
         noise = NoiseSource.reproducible(7)
         dims = options.get("dims", {})
         self.handles: dict[str, _Handle] = {}
+        self.progress = asyncio.Event()  # set by every node delivery (stagger)
         for group in hosts:
             data = {o: (_records(o, dims.get(o, DIM)), None) for o in group}
             host = OwnerHost("run", data, noise, dca=trust, budgets=options.get("budgets"))
-            handle = _Handle(host)  # one per host, as co-located owners share their actor's
+            handle = (
+                _Staggered(host, self.delivered, self.progress)
+                if options.get("stagger")
+                else _Handle(host)
+            )  # one per host, as co-located owners share their actor's
             self.handles.update((o, handle) for o in group)
         self.swap: tuple[str, ...] = options.get("swap", ())
         self.early: bool = options.get("early", False)
+        self.per_call: int = options.get("per_call", OWNERS_PER_CALL)
 
     async def start(self) -> DcaHub:
         """Pin the owners' keys at the nodes (the operator asks each owner directly) and set
@@ -124,12 +172,15 @@ class _Market:
                 n: _Node(self.config, n, private.private_bytes_raw(), keys, self.plan)
                 for n, (private, _) in self.node_keys.items()
             }
-        node_handles = {n: _Handle(node) for n, node in self.nodes.items()}
+        for node in self.nodes.values():
+            node.progress = self.progress
+        self.node_handles = {n: _Handle(node) for n, node in self.nodes.items()}
         ticks = itertools.count(0.0, 5.0)  # simulated time: a round with an absent owner
         # closes at its deadline after a few of the hub's polls, not a minute later
         self.hub = DcaHub(
-            self.config, node_handles, dict(self.handles), PrivacyLedger("dca"), ticks.__next__
-        )
+            self.config, self.node_handles, dict(self.handles), PrivacyLedger("dca"),
+            ticks.__next__, owners_per_call=self.per_call,
+        )  # fmt: skip
         await self.hub.setup()
         return self.hub
 
@@ -142,6 +193,10 @@ class _Market:
         """The second round: every owner's RACE sketch counters (counted from the columns
         each owner kept as its records arrived, streams/race/columns.py)."""
         return await self.hub.round(self.plan.spec("scan", 2), "sketch", SKETCH, timeout=60.0)
+
+    def delivered(self, round_: int) -> set[str]:
+        """The owners whose shares of round ``round_`` some node has been handed."""
+        return set().union(*(n.shares_from(round_) for n in self.nodes.values()))
 
     def calls(self, method: str) -> int:
         unique = {id(h): h for h in self.handles.values()}
@@ -199,6 +254,41 @@ async def test_a_batch_releases_what_owners_asked_one_by_one_release() -> None:
     assert batched.calls("dca_contribute") == 2 * 2  # the two owners alone: per owner
     assert alone.calls("dca_contribute") == 2 * len(OWNERS) and alone.calls("for_owners") == 0
     assert batched.hub.errors == [] and batched.hub.unready == {}
+
+
+async def test_a_host_of_more_owners_than_a_call_takes_is_asked_in_batches() -> None:
+    """Five owners in one host, at most two per round's call: the host gets one call at the
+    set-up and the roster, three per round (owners 0-1, 2-3, 4), each answered owner by owner.
+    Each call's shares go on to the nodes as it answers: the host answers a batch only once
+    the earlier batches' shares have reached the nodes (a hub that held every share until all
+    calls answered would wait until the round's deadline, the later owners absent), and no
+    node is handed two batches' shares at once. Both releases equal, bit for bit, those of
+    one call for the five."""
+    small = _Market([OWNERS], per_call=2, stagger=True)
+    whole = _Market([OWNERS])
+    got, want = await small.normalise(), await whole.normalise()
+    assert got.released and got.value is not None and want.value is not None
+    np.testing.assert_array_equal(got.value, want.value)
+    got, want = await small.scan(), await whole.scan()
+    assert got.released and got.value is not None and want.value is not None
+    np.testing.assert_array_equal(got.value, want.value)
+    assert small.calls("for_owners") == 2 + 3 * 2  # set-up, roster; two rounds: three each
+    assert whole.calls("for_owners") == 4
+    assert small.hub.absent == {1: [], 2: []} and small.hub.errors == []
+    host = small.handles["owner-0"]
+    assert isinstance(host, _Staggered)
+    batches = [["owner-0", "owner-1"], ["owner-2", "owner-3"], ["owner-4"]]
+    assert host.asked == [(r, b) for r in (1, 2) for b in batches]
+    for node in small.nodes.values():
+        for frames in node.deliveries:
+            senders = {
+                m.sender.removeprefix("client:")
+                for m in map(decode, frames)
+                if isinstance(m.body, SharesBody)
+            }
+            assert any(senders <= set(b) for b in batches), senders
+    with pytest.raises(ValueError, match="per_call must be at least 1"):
+        ask_owners(dict(small.handles), "dca_identity", lambda o: (), per_call=0)
 
 
 async def test_the_nodes_see_the_same_sealed_frames_per_owner_as_without_batches() -> None:
