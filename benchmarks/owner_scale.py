@@ -26,10 +26,12 @@ owner's ledger accounted by PLD, as report.json does; Ray: the outputs and repor
 (VmHWM) of the curator's process and of the largest owner process (in-process: both are the
 one process, whose data generation is included; Ray: sampled every 0.5 s from /proc under the
 benchmark's own process tree, with ``sum`` over the market's actor processes and ``sum_all``
-with the driver and Ray's own processes: ``TreeSampler.result``; a sum of per-process peaks,
-each counting every shared page it maps: Ray's object store, libraries; and ``pss_sum_all``,
-the highest sum at one sample of every process's proportional set size, each page counted
-once). ``memory_cgroup_mb``:
+with the driver and Ray's own processes, each process once under the role it last had (a Ray
+worker is ``ray::IDLE`` before it becomes an actor), ``by_role`` and ``processes`` (each one's
+peak and title): ``TreeSampler.result``; a sum of per-process peaks, each counting every
+shared page it maps: Ray's object store, libraries; and ``pss_sum_all``, the highest sum at
+one sample of every process's proportional set size, each page counted once). Printed after
+the table: K = 1024's processes, largest first. ``memory_cgroup_mb``:
 every process of the run together, each page once, from the memory cgroup the run is started
 in where this machine allows one (``GroupSampler``); ``--cold-cache`` drops the page cache
 first so the libraries' pages are charged to the run.

@@ -74,14 +74,27 @@ class Baselines:
 def baselines(
     scenario: Scenario, p: int, d: int, gamma: float, h1_seed: int, rng: np.random.Generator
 ) -> Baselines:
-    """Exact greedy on the kernel, greedy on h1 with exact means, and uniform p/K per owner."""
+    """Exact greedy on the kernel, greedy on h1 with exact means, and uniform p/K per owner.
+
+    The pool's hashes are the largest array here (N x d float32: 287 MB at K = 1024 of
+    benchmarks/owner_scale.py); they are made owner by owner once the pooled copy of the
+    features is gone, so the two are never held together."""
     X = np.concatenate([X for X, _ in scenario.owners])
     y = np.concatenate([y for _, y in scenario.owners]).astype(np.float64)
     owner_of = np.concatenate(
         [np.full(len(X_k), k, dtype=np.int64) for k, (X_k, _) in enumerate(scenario.owners)]
     )
-    h1 = RandomFourierFeatures(X.shape[1], d, gamma, h1_seed)
     exact = greedy_exact(X, scenario.validation, p, gamma)
-    hashed = greedy_hashed(h1(X), h1(scenario.validation), p)
     uniform = uniform_sample(owner_of, p, rng)
-    return Baselines((X[exact], y[exact]), (X[hashed], y[hashed]), (X[uniform], y[uniform]))
+    greedy, sampled = (X[exact], y[exact]), (X[uniform], y[uniform])
+    dim = X.shape[1]
+    del X
+    h1 = RandomFourierFeatures(dim, d, gamma, h1_seed)
+    H = np.empty((len(y), h1.d), dtype=np.float32)
+    first = np.concatenate([[0], np.cumsum([len(X_k) for X_k, _ in scenario.owners])])
+    for k, (X_k, _) in enumerate(scenario.owners):
+        H[first[k] : first[k + 1]] = h1(X_k)
+    hashed = greedy_hashed(H, h1(scenario.validation), p)
+    del H
+    points = np.array([scenario.owners[owner_of[i]][0][i - first[owner_of[i]]] for i in hashed])
+    return Baselines(greedy, (points.reshape(len(hashed), dim), y[hashed]), sampled)

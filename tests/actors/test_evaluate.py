@@ -150,3 +150,34 @@ def test_configs_default_to_the_planned_herding_mechanism_within_the_budgets() -
     assert res.reason == "complete"
     assert res.ledgers["validation"].epsilon(DELTA) <= 3.0
     assert all(res.ledgers[o].epsilon(DELTA) <= 1.0 for o in scenario.owner_names)
+
+
+def test_baselines_are_the_greedies_and_sample_over_the_pooled_records() -> None:
+    """actors/harness/inprocess.py ``baselines`` hashes the pool owner by owner (never beside
+    a pooled copy of the features): its three summaries are those of the exact greedy, of the
+    hashed greedy over h1 of the pooled records and of the uniform sample, each with the picked
+    records' own labels."""
+    from types import SimpleNamespace
+
+    from dpmarket.actors.harness.inprocess import baselines
+    from dpmarket.protocol.summary.h1 import RandomFourierFeatures
+    from dpmarket.protocol.summary.objective import greedy_hashed
+
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(50, 300, 12)
+    owners = [(rng.normal(size=(int(n), 5)), rng.integers(0, 2, int(n))) for n in sizes]
+    V = rng.normal(size=(40, 5)) + 0.5
+    scenario = SimpleNamespace(owners=owners, validation=V)
+    got = baselines(scenario, 20, 64, 0.3, 5, np.random.default_rng(2))  # type: ignore[arg-type]
+    X = np.concatenate([X for X, _ in owners])
+    y = np.concatenate([y for _, y in owners]).astype(np.float64)
+    owner_of = np.repeat(np.arange(len(owners)), sizes)
+    h1 = RandomFourierFeatures(5, 64, 0.3, 5)
+    exact = greedy_exact(X, V, 20, 0.3)
+    hashed = greedy_hashed(h1(X), h1(V), 20)
+    uniform = uniform_sample(owner_of, 20, np.random.default_rng(2))
+    for (points, labels), picks in zip(
+        (got.greedy, got.hashed_greedy, got.uniform), (exact, hashed, uniform), strict=True
+    ):
+        np.testing.assert_array_equal(points, X[picks])
+        np.testing.assert_array_equal(labels, y[picks])
