@@ -237,25 +237,27 @@ class DcaHub:
         """Route each call's share frames to the nodes as soon as it answers (one call per
         node for them), until every call has answered or ``timeout`` seconds have passed.
         Returns the owners without shares, as :meth:`collect` does: a call not answered in
-        time names each of its owners; a failed or declined owner in a batch is there alone.
-        A call that answered while earlier frames were being routed counts as answered."""
+        time names each of its owners (one that answers later, while earlier frames are being
+        routed, too); a failed or declined owner in a batch is there alone."""
         failed: dict[str, str] = {}
         loop = asyncio.get_running_loop()
         end = None if timeout is None else loop.time() + timeout
+        answered: dict[asyncio.Future[Any], float] = {}
+        for call in calls:
+            call.add_done_callback(lambda c: answered.setdefault(c, loop.time()))
         pending = set(calls)
         rank = {o: i for i, o in enumerate(self.owners)}
         while pending:
-            done = {c for c in pending if c.done()}
-            if not done:
-                left = None if end is None else max(0.0, end - loop.time())
-                done, _ = await asyncio.wait(
-                    pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
-                )
-                if not done:
+            ready = [c for c in pending if c in answered and (end is None or answered[c] <= end)]
+            if not ready:
+                left = None if end is None else end - loop.time()
+                if left is not None and left <= 0:
                     break
-            pending -= done
+                await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                continue  # its time is recorded before the wait returns (callback order)
+            pending.difference_update(ready)
             frames: list[bytes] = []
-            for call in sorted(done, key=lambda c: rank.get(calls[c][0], 0)):  # roster order
+            for call in sorted(ready, key=lambda c: rank.get(calls[c][0], 0)):  # roster order
                 owners = calls[call]
                 got, lost = owner_answers(owners, call.exception() or call.result())
                 failed.update(lost)

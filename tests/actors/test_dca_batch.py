@@ -95,11 +95,14 @@ class _Node(ComputeNodeHost):
         self.seen: list[bytes] = []
         self.deliveries: list[list[bytes]] = []  # each call's frames
         self.progress = asyncio.Event()
+        self.hold: asyncio.Event | None = None
 
     async def handle(self, frames: list[bytes]) -> list[bytes]:
         self.seen.extend(frames)
         self.deliveries.append(list(frames))
         self.progress.set()
+        if self.hold is not None and any(isinstance(decode(f).body, SharesBody) for f in frames):
+            await self.hold.wait()  # a slow delivery: the hub is routing until it is set
         return await super().handle(frames)
 
     def shares_from(self, round_: int) -> set[str]:
@@ -289,6 +292,46 @@ async def test_a_host_of_more_owners_than_a_call_takes_is_asked_in_batches() -> 
             assert any(senders <= set(b) for b in batches), senders
     with pytest.raises(ValueError, match="per_call must be at least 1"):
         ask_owners(dict(small.handles), "dca_identity", lambda o: (), per_call=0)
+
+
+class _Late(_Handle):
+    """A host whose round batch holding ``owner`` answers only once ``late`` is set."""
+
+    def __init__(self, target: Any, owner: str, late: asyncio.Event) -> None:
+        super().__init__(target)
+        self.owner, self.late = owner, late
+
+    def _call(self, method: str, args: tuple[Any, ...]) -> asyncio.Future[Any]:
+        if method != "for_owners" or args[0] != "dca_contribute" or self.owner not in args[1]:
+            return super()._call(method, args)
+        self.calls.append(method)
+
+        async def late() -> Any:
+            await self.late.wait()
+            return await self.target.for_owners(*args)
+
+        return asyncio.ensure_future(late())
+
+
+async def test_a_batch_answering_after_the_deadline_while_shares_are_routed_is_absent() -> None:
+    """The round's deadline is the hub's: a batch whose answer comes after it is absent, even
+    when it comes while the hub is still routing an earlier batch's shares (the nodes being
+    slow), as when it never answered; the batch that answered in time is not absent."""
+    market = _Market([OWNERS], per_call=3)
+    await market.start()
+    host = market.handles["owner-0"]
+    late, released = asyncio.Event(), asyncio.Event()
+    staggered = _Late(host.target, "owner-3", late)
+    market.hub.owners = dict.fromkeys(OWNERS, staggered)
+    for node in market.nodes.values():
+        node.hold = released
+    loop = asyncio.get_running_loop()
+    timeout = 2.0  # the owners in time answer within milliseconds (in process)
+    loop.call_later(timeout + 0.5, late.set)  # after the deadline, while the hub routes
+    loop.call_later(timeout + 1.0, released.set)
+    result = await market.hub.round(market.plan.spec("normalise", 1), "moments", MOMENTS, timeout)
+    assert market.hub.absent[1] == ["owner-3", "owner-4"]
+    assert result.status == "insufficient" and {"owner-3", "owner-4"} <= set(result.missing)
 
 
 async def test_the_nodes_see_the_same_sealed_frames_per_owner_as_without_batches() -> None:
