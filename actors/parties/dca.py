@@ -81,8 +81,8 @@ class OwnerAnswers:
 Calls = dict[asyncio.Future[Any], list[str]]  # a call in flight -> the owners it answers for
 
 OWNERS_PER_CALL = 128
-"""The most owners one round's batched call asks: a host with more gets several calls, answered
-one after the other, each reply (its owners' share frames) in flight alone."""
+"""The most owners one round's batched call asks: a host with more gets several calls, each
+reply (its owners' share frames) routed on and dropped as it comes."""
 
 
 def _by_host(owners: dict[str, Any]) -> dict[Any, list[str]]:
@@ -238,33 +238,35 @@ class DcaHub:
         node for them), until every call has answered or ``timeout`` seconds have passed.
         Returns the owners without shares, as :meth:`collect` does: a call not answered in
         time names each of its owners (one that answers later, while earlier frames are being
-        routed, too); a failed or declined owner in a batch is there alone."""
+        routed, too); a failed or declined owner in a batch is there alone. Consumes
+        ``calls``: a call routed is dropped from it, so its frames are freed once delivered."""
         failed: dict[str, str] = {}
         loop = asyncio.get_running_loop()
         end = None if timeout is None else loop.time() + timeout
         answered: dict[asyncio.Future[Any], float] = {}
         for call in calls:
             call.add_done_callback(lambda c: answered.setdefault(c, loop.time()))
-        pending = set(calls)
         rank = {o: i for i, o in enumerate(self.owners)}
-        while pending:
-            ready = [c for c in pending if c in answered and (end is None or answered[c] <= end)]
+        while calls:
+            ready = [c for c in calls if c in answered and (end is None or answered[c] <= end)]
             if not ready:
                 left = None if end is None else end - loop.time()
                 if left is not None and left <= 0:
                     break
-                await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(calls, timeout=left, return_when=asyncio.FIRST_COMPLETED)
                 continue  # its time is recorded before the wait returns (callback order)
-            pending.difference_update(ready)
             frames: list[bytes] = []
             for call in sorted(ready, key=lambda c: rank.get(calls[c][0], 0)):  # roster order
-                owners = calls[call]
-                got, lost = owner_answers(owners, call.exception() or call.result())
+                owners = calls.pop(call)
+                del answered[call]
+                answer = asyncio.CancelledError() if call.cancelled() else call.exception()
+                got, lost = owner_answers(owners, answer or call.result())
                 failed.update(lost)
                 frames += [f for o in owners if o in got for f in got[o]]
+            del ready, call, got
             await self.route(frames)
-        for call in pending:
-            failed.update({o: f"no answer within {timeout} s" for o in calls[call]})
+        for owners in calls.values():
+            failed.update({o: f"no answer within {timeout} s" for o in owners})
         return failed
 
     async def round(

@@ -11,7 +11,9 @@ release whether they are asked per owner or per host.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
+import weakref
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -68,6 +70,8 @@ class _Staggered(_Handle):
     ) -> None:
         super().__init__(target)
         self.delivered, self.progress, self.asked = delivered, progress, []
+        self.answers: list[weakref.ref[Any]] = []  # every batch's answer, weakly
+        self.held: list[int] = []  # at each answer: how many earlier answers were still held
 
     def _call(self, method: str, args: tuple[Any, ...]) -> asyncio.Future[Any]:
         if method != "for_owners" or args[0] != "dca_contribute":
@@ -81,7 +85,11 @@ class _Staggered(_Handle):
             while not set(earlier) <= self.delivered(spec.round):
                 self.progress.clear()
                 await self.progress.wait()
-            return await self.target.for_owners(*args)
+            gc.collect()
+            self.held.append(sum(ref() is not None for ref in self.answers))
+            answer = await self.target.for_owners(*args)
+            self.answers.append(weakref.ref(answer))
+            return answer
 
         return asyncio.ensure_future(in_turn())
 
@@ -264,8 +272,9 @@ async def test_a_host_of_more_owners_than_a_call_takes_is_asked_in_batches() -> 
     set-up and the roster, three per round (owners 0-1, 2-3, 4), each answered owner by owner.
     Each call's shares go on to the nodes as it answers: the host answers a batch only once
     the earlier batches' shares have reached the nodes (a hub that held every share until all
-    calls answered would wait until the round's deadline, the later owners absent), and no
-    node is handed two batches' shares at once. Both releases equal, bit for bit, those of
+    calls answered would wait until the round's deadline, the later owners absent), by then
+    the hub holds none of the earlier answers, and no node is handed two batches' shares at
+    once. Both releases equal, bit for bit, those of
     one call for the five."""
     small = _Market([OWNERS], per_call=2, stagger=True)
     whole = _Market([OWNERS])
@@ -282,6 +291,7 @@ async def test_a_host_of_more_owners_than_a_call_takes_is_asked_in_batches() -> 
     assert isinstance(host, _Staggered)
     batches = [["owner-0", "owner-1"], ["owner-2", "owner-3"], ["owner-4"]]
     assert host.asked == [(r, b) for r in (1, 2) for b in batches]
+    assert host.held == [0] * 6  # a batch's answer is dropped once its shares are delivered
     for node in small.nodes.values():
         for frames in node.deliveries:
             senders = {
