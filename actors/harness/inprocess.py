@@ -76,9 +76,9 @@ def baselines(
 ) -> Baselines:
     """Exact greedy on the kernel, greedy on h1 with exact means, and uniform p/K per owner.
 
-    The pool's hashes are the largest array here (N x d float32: 287 MB at K = 1024 of
-    benchmarks/owner_scale.py); they are made owner by owner once the pooled copy of the
-    features is gone, so the two are never held together."""
+    The pool's hashes are the largest array here (N x d float32; by arithmetic 287 MB at
+    K = 1024 of benchmarks/owner_scale.py); they are made owner by owner once the pooled copy
+    of the features is gone, so the two are never held together."""
     X = np.concatenate([X for X, _ in scenario.owners])
     y = np.concatenate([y for _, y in scenario.owners]).astype(np.float64)
     owner_of = np.concatenate(
