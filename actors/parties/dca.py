@@ -228,7 +228,7 @@ class DcaHub:
             if call not in done:
                 failed.update({o: f"no answer within {timeout} s" for o in owners})
                 continue
-            got, lost = owner_answers(owners, call.exception() or call.result())
+            got, lost = call_answers(call, owners)
             results.update(got)
             failed.update(lost)
         return results, failed
@@ -243,28 +243,16 @@ class DcaHub:
         failed: dict[str, str] = {}
         loop = asyncio.get_running_loop()
         end = None if timeout is None else loop.time() + timeout
-        answered: dict[asyncio.Future[Any], float] = {}
-        for call in calls:
-            call.add_done_callback(lambda c: answered.setdefault(c, loop.time()))
+        answered = _answer_times(calls, loop)  # nothing else here holds a call until routed
         rank = {o: i for i, o in enumerate(self.owners)}
         while calls:
-            ready = [c for c in calls if c in answered and (end is None or answered[c] <= end)]
-            if not ready:
+            if not any(c in answered and (end is None or answered[c] <= end) for c in calls):
                 left = None if end is None else end - loop.time()
                 if left is not None and left <= 0:
                     break
                 await asyncio.wait(calls, timeout=left, return_when=asyncio.FIRST_COMPLETED)
                 continue  # its time is recorded before the wait returns (callback order)
-            frames: list[bytes] = []
-            for call in sorted(ready, key=lambda c: rank.get(calls[c][0], 0)):  # roster order
-                owners = calls.pop(call)
-                del answered[call]
-                answer = asyncio.CancelledError() if call.cancelled() else call.exception()
-                got, lost = owner_answers(owners, answer or call.result())
-                failed.update(lost)
-                frames += [f for o in owners if o in got for f in got[o]]
-            del ready, call, got
-            await self.route(frames)
+            await self.route(_take_frames(calls, answered, end, rank, failed))
         for owners in calls.values():
             failed.update({o: f"no answer within {timeout} s" for o in owners})
         return failed
@@ -321,6 +309,46 @@ def ask_owners(
             batch = names[start : start + step]
             calls.append((handle.for_owners.remote(method, {o: args(o) for o in batch}), batch))
     return calls
+
+
+def call_answers(
+    call: asyncio.Future[Any], owners: list[str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """:func:`owner_answers` of a finished call (cancelled: every owner of it absent)."""
+    answer = asyncio.CancelledError() if call.cancelled() else call.exception()
+    return owner_answers(owners, answer or call.result())
+
+
+def _answer_times(
+    calls: Calls, loop: asyncio.AbstractEventLoop
+) -> dict[asyncio.Future[Any], float]:
+    """When each call answered, by the loop's clock (filled in by a done-callback, which runs
+    before any ``asyncio.wait`` on the call returns)."""
+    answered: dict[asyncio.Future[Any], float] = {}
+    for call in calls:
+        call.add_done_callback(lambda c: answered.setdefault(c, loop.time()))
+    return answered
+
+
+def _take_frames(
+    calls: Calls,
+    answered: dict[asyncio.Future[Any], float],
+    end: float | None,
+    rank: dict[str, int],
+    failed: dict[str, str],
+) -> list[bytes]:
+    """The frames of every call answered by ``end``, in roster order; those calls leave
+    ``calls`` and ``answered``, so nothing holds them once their frames are routed. Their
+    owners without shares go into ``failed``."""
+    ready = [c for c in calls if c in answered and (end is None or answered[c] <= end)]
+    frames: list[bytes] = []
+    for call in sorted(ready, key=lambda c: rank.get(calls[c][0], 0)):
+        owners = calls.pop(call)
+        del answered[call]
+        got, lost = call_answers(call, owners)
+        failed.update(lost)
+        frames += [f for o in owners if o in got for f in got[o]]
+    return frames
 
 
 def owner_answers(owners: list[str], answer: Any) -> tuple[dict[str, Any], dict[str, str]]:

@@ -52,39 +52,28 @@ _CHUNK_ELEMENTS = 1 << 22
 """Largest kernel block (rows x columns) materialised at once by the row-sum helpers."""
 
 
-def _as_matrix(name: str, X: npt.ArrayLike, n_features: int | None = None) -> FloatArray:
-    """Return ``X`` as a finite float64 matrix, or raise ``ValueError`` naming ``name``."""
-    arr = np.asarray(X, dtype=np.float64)
+def _as_matrix(
+    name: str, X: npt.ArrayLike, n_features: int | None = None, keep_float32: bool = False
+) -> FloatArray:
+    """Return ``X`` as a finite float64 matrix, or raise ``ValueError`` naming ``name``. With
+    ``keep_float32``, a float32 ``X`` (h1's hashes) stays float32: a pool of hashed points is
+    the largest array a harness holds, and a float64 copy would double it. Finiteness is
+    checked a block of rows at a time."""
+    arr = np.asarray(X)
+    if not (keep_float32 and arr.dtype == np.float32):
+        arr = np.asarray(arr, dtype=np.float64)
     if arr.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array, got shape {arr.shape}")
     if n_features is not None and arr.shape[1] != n_features:
         raise ValueError(f"{name} must have {n_features} columns, got {arr.shape[1]}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} must contain only finite values")
-    return arr
-
-
-def _as_hashed_matrix(
-    name: str, X: npt.ArrayLike, n_features: int
-) -> npt.NDArray[np.float32] | FloatArray:
-    """Like :func:`_as_matrix`, but hashed features already in float32 (what h1 gives) stay
-    float32: a pool of hashed points is the largest array a harness holds, and a float64 copy
-    of it would double that. Checked for finiteness a block of rows at a time."""
-    arr = np.asarray(X)
-    if arr.dtype != np.float32:
-        return _as_matrix(name, arr, n_features)
-    if arr.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D array, got shape {arr.shape}")
-    if arr.shape[1] != n_features:
-        raise ValueError(f"{name} must have {n_features} columns, got {arr.shape[1]}")
-    step = max(1, _CHUNK_ELEMENTS // max(n_features, 1))
+    step = max(1, _CHUNK_ELEMENTS // max(arr.shape[1], 1))
     for i in range(0, arr.shape[0], step):
         if not np.all(np.isfinite(arr[i : i + step])):
             raise ValueError(f"{name} must contain only finite values")
-    return arr
+    return arr  # float32 only where the caller asked to keep it
 
 
-def _rows_dot(H: npt.NDArray[np.float32] | FloatArray, v: FloatArray) -> FloatArray:
+def _rows_dot(H: FloatArray, v: FloatArray) -> FloatArray:
     """``H @ v`` in float64; a float32 ``H`` is widened a block of rows at a time (exactly:
     every float32 is a float64), never whole."""
     if H.dtype == np.float64:
@@ -292,7 +281,7 @@ def greedy_hashed(H_pool: npt.ArrayLike, H_validation: npt.ArrayLike, p: int) ->
     self-kernel 1. Cost O(N d) per step.
     """
     Hv = _as_matrix("H_validation", H_validation)
-    Hp = _as_hashed_matrix("H_pool", H_pool, Hv.shape[1])
+    Hp = _as_matrix("H_pool", H_pool, Hv.shape[1], keep_float32=True)
     k = _check_p(p, Hp.shape[0])
     if Hv.shape[0] == 0:
         raise ValueError("H_validation must have at least one row")
